@@ -1,0 +1,117 @@
+//! The backend extension trait: the primitive operations every implementation provides.
+//!
+//! Primitives receive already-validated inputs and the [`Implementation`] the registry chose,
+//! so a backend with several implementations (CUDA: CubeCL and SM90) dispatches without
+//! re-deciding. They never fail: every check happens before, in the public API.
+use burn::tensor::{
+    DType,
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+};
+
+use crate::registry::{Candidate, Implementation, Op};
+
+/// Inputs of the fused linear log-prob primitives.
+#[derive(Debug, Clone)]
+pub struct LinearLogpInputs<B: Backend> {
+    /// `[N, D]`.
+    pub hidden: FloatTensor<B>,
+    /// `[V, D]` (LM-head layout).
+    pub weight: FloatTensor<B>,
+    /// `[V]`, same dtype as `weight`.
+    pub bias: Option<FloatTensor<B>>,
+    /// `[N]`, each in `[0, V)` or equal to `ignore_index`.
+    pub targets: IntTensor<B>,
+    /// Rows whose target equals this get `logp = 0` and no logp gradient.
+    pub ignore_index: Option<i64>,
+}
+
+/// Which gradients the backward of `linear_logp` must produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GradRequest {
+    /// `dHidden`.
+    pub hidden: bool,
+    /// `dWeight`.
+    pub weight: bool,
+    /// `dBias` (ignored when there is no bias).
+    pub bias: bool,
+}
+
+impl GradRequest {
+    /// Every gradient.
+    pub const ALL: Self = Self {
+        hidden: true,
+        weight: true,
+        bias: true,
+    };
+}
+
+/// Gradients of `linear_logp`; `None` where not requested.
+#[derive(Debug, Clone)]
+pub struct LinearLogpGrads<B: Backend> {
+    /// `[N, D]` in hidden's dtype.
+    pub hidden: Option<FloatTensor<B>>,
+    /// `[V, D]` in weight's dtype, accumulated in f32.
+    pub weight: Option<FloatTensor<B>>,
+    /// `[V]` in bias's dtype, accumulated in f32.
+    pub bias: Option<FloatTensor<B>>,
+}
+
+/// A Burn backend that runs burn-invariant's deterministic, batch-invariant ops.
+///
+/// Contract of every implementation (SPEC §3–§4): f32 accumulation, a reduction order fixed by
+/// `(dtype, K, N, device)` and never by the number of rows, no split-K, no autotune, no float
+/// atomics, and no `[N, V]` logits for `linear_logp`.
+pub trait InvariantBackend: Backend {
+    /// The implementations this backend offers for `op` on `device` with inputs of `dtype`,
+    /// most preferred first, each saying whether it can run.
+    fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate>;
+
+    /// `lhs [M, K] · rhs [K, N] (+ bias [N])`, in the input dtype. Row-invariant.
+    fn invariant_matmul(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self>;
+
+    /// `grad [M, N] · rhsᵀ` with `rhs [K, N]` → `[M, K]` (the lhs gradient). Row-invariant.
+    fn invariant_matmul_grad_lhs(
+        grad: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self>;
+
+    /// `lhsᵀ · grad` with `lhs [M, K]`, `grad [M, N]` → `[K, N]` (the rhs gradient): rows
+    /// reduced in ascending order, in fixed-size blocks that do not depend on M.
+    fn invariant_matmul_grad_rhs(
+        lhs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self>;
+
+    /// Column sums of `grad [M, N]` → `[N]` (the bias gradient), rows in ascending order,
+    /// accumulated in f32.
+    fn invariant_sum_rows(
+        grad: FloatTensor<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self>;
+
+    /// Fused `log_softmax(hidden · weightᵀ + bias)[target]`: returns `[N, 2]` f32 with
+    /// `(logp, lse)` per row. Never materializes `[N, V]`.
+    fn invariant_linear_logp(
+        inputs: LinearLogpInputs<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self>;
+
+    /// Backward of [`Self::invariant_linear_logp`] from the saved `stats [N, 2]` (only the lse
+    /// column is read) and the upstream `grad [N, 2]` (`dLogp`, `dLse`), recomputing logits
+    /// tile by tile. `dz = (dLse − dLogp)·p + dLogp·onehot` with `p = exp(z − lse)`.
+    fn invariant_linear_logp_backward(
+        inputs: LinearLogpInputs<Self>,
+        stats: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        request: GradRequest,
+        implementation: Implementation,
+    ) -> LinearLogpGrads<Self>;
+}

@@ -1,0 +1,130 @@
+//! The crate's error type: every public function validates before any kernel runs and
+//! returns one of these, naming the argument, what was expected and what was given.
+use burn::tensor::DType;
+
+use crate::registry::{Implementation, Op};
+
+/// Why a `burn-invariant` call refused to run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvariantError {
+    /// A dimension does not match what the other arguments imply.
+    #[error("`{arg}`: expected {expected}, got shape {got:?}")]
+    Shape {
+        /// The offending argument.
+        arg: &'static str,
+        /// What the other arguments imply.
+        expected: String,
+        /// The shape that was given.
+        got: Vec<usize>,
+    },
+    /// A dtype this operation (or the selected implementation) does not support.
+    #[error("`{arg}`: dtype {got:?} is not supported, expected one of {expected}")]
+    UnsupportedDtype {
+        /// The offending argument.
+        arg: &'static str,
+        /// The supported dtypes.
+        expected: String,
+        /// The dtype that was given.
+        got: DType,
+    },
+    /// Two arguments that must share a dtype do not.
+    #[error("`{arg}`: expected dtype {expected:?} (the dtype of `{reference}`), got {got:?}")]
+    DtypeMismatch {
+        /// The offending argument.
+        arg: &'static str,
+        /// The argument whose dtype sets the expectation.
+        reference: &'static str,
+        /// The expected dtype.
+        expected: DType,
+        /// The dtype that was given.
+        got: DType,
+    },
+    /// Arguments live on different devices.
+    #[error("`{arg}`: expected device {expected} (the device of `{reference}`), got {got}")]
+    DeviceMismatch {
+        /// The offending argument.
+        arg: &'static str,
+        /// The argument whose device sets the expectation.
+        reference: &'static str,
+        /// The expected device.
+        expected: String,
+        /// The device that was given.
+        got: String,
+    },
+    /// A target index outside `[0, vocab)` that is not the ignore index.
+    #[error(
+        "`targets`: {count} value(s) outside [0, {vocab}) and not equal to ignore_index {ignore_index:?}; first is targets[{index}] = {value}"
+    )]
+    TargetOutOfRange {
+        /// Position of the first offending target.
+        index: usize,
+        /// Its value.
+        value: i64,
+        /// The vocabulary size (exclusive upper bound).
+        vocab: usize,
+        /// How many targets are out of range.
+        count: usize,
+        /// The ignore index in force.
+        ignore_index: Option<i64>,
+    },
+    /// A size that would overflow the 32-bit indexing kernels use.
+    #[error("`{arg}`: {what} = {got} exceeds the limit {limit}")]
+    TooLarge {
+        /// The offending argument.
+        arg: &'static str,
+        /// Which size.
+        what: &'static str,
+        /// The size that was given.
+        got: u64,
+        /// The largest size supported.
+        limit: u64,
+    },
+    /// `BURN_INVARIANT_IMPL` holds a value that names no implementation.
+    #[error("env BURN_INVARIANT_IMPL: expected one of `reference`, `cubecl`, `sm90`, got `{got}`")]
+    InvalidOverride {
+        /// The value found in the environment.
+        got: String,
+    },
+    /// The requested (or forced) implementation cannot run this call.
+    #[error(
+        "{op:?} with {implementation:?} cannot run on {backend} device {device} for dtype {dtype:?}: {reason}"
+    )]
+    ImplementationUnavailable {
+        /// The operation.
+        op: Op,
+        /// The implementation asked for.
+        implementation: Implementation,
+        /// The backend's name.
+        backend: String,
+        /// The device.
+        device: String,
+        /// The dtype of the call.
+        dtype: DType,
+        /// Why it cannot run.
+        reason: String,
+    },
+    /// No implementation of this backend can run this call.
+    #[error(
+        "{op:?} has no implementation on {backend} device {device} for dtype {dtype:?}: {reasons}"
+    )]
+    NoImplementation {
+        /// The operation.
+        op: Op,
+        /// The backend's name.
+        backend: String,
+        /// The device.
+        device: String,
+        /// The dtype of the call.
+        dtype: DType,
+        /// Why each candidate was refused.
+        reasons: String,
+    },
+    /// Reading tensor data back to the host failed.
+    #[error("reading `{arg}` back to the host failed: {reason}")]
+    Read {
+        /// The argument being read.
+        arg: &'static str,
+        /// The backend's message.
+        reason: String,
+    },
+}

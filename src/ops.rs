@@ -1,0 +1,197 @@
+//! The public functions of SPEC §2: validate, ask the registry, then run the primitive.
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+use crate::backend::{InvariantBackend, LinearLogpInputs};
+use crate::registry::{Op, implementation_for};
+use crate::{InvariantError, validate};
+
+/// Options of [`linear_logp`] and [`linear_logp_with_lse`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinearLogpOptions {
+    /// Rows whose target equals this give `logp = 0` and no logp gradient; their `lse` is
+    /// computed (and differentiated) normally.
+    pub ignore_index: Option<i64>,
+    /// Skip the host read that checks every target is in `[0, V)`. For callers that
+    /// validated upstream: a bad target then gives NaN instead of an error, never an
+    /// out-of-bounds access.
+    pub skip_target_check: bool,
+}
+
+impl LinearLogpOptions {
+    /// Sets [`Self::ignore_index`].
+    pub fn with_ignore_index(mut self, ignore_index: i64) -> Self {
+        self.ignore_index = Some(ignore_index);
+        self
+    }
+
+    /// Sets [`Self::skip_target_check`].
+    pub fn with_skip_target_check(mut self, skip: bool) -> Self {
+        self.skip_target_check = skip;
+        self
+    }
+}
+
+fn float<B: InvariantBackend, const D: usize>(
+    tensor: Tensor<B, D>,
+) -> burn::tensor::ops::FloatTensor<B> {
+    tensor.into_primitive().tensor()
+}
+
+/// Deterministic, batch-invariant `lhs [M, K] · rhs [K, N] → [M, N]`.
+///
+/// Row `i` of the result depends only on `lhs[i, :]` and `rhs`: never on M, on other rows,
+/// or on how rows are split over calls. f32 accumulation, output in the input dtype.
+pub fn matmul<B: InvariantBackend>(
+    lhs: Tensor<B, 2>,
+    rhs: Tensor<B, 2>,
+) -> Result<Tensor<B, 2>, InvariantError> {
+    gemm(lhs, rhs, None)
+}
+
+fn gemm<B: InvariantBackend>(
+    lhs: Tensor<B, 2>,
+    rhs: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Result<Tensor<B, 2>, InvariantError> {
+    let (lhs_shape, rhs_shape) = (lhs.dims(), rhs.dims());
+    let device = lhs.device();
+    validate::float_dtype("lhs", lhs.dtype())?;
+    validate::same_dtype("rhs", "lhs", lhs.dtype(), rhs.dtype())?;
+    validate::same_device::<B>("rhs", "lhs", &device, &rhs.device())?;
+    validate::dim(
+        "rhs",
+        &rhs_shape,
+        0,
+        lhs_shape[1],
+        "the inner dimension K of `lhs`",
+    )?;
+    validate::index_limit("lhs", &lhs_shape)?;
+    validate::index_limit("rhs", &rhs_shape)?;
+    validate::index_limit("output", &[lhs_shape[0], rhs_shape[1]])?;
+    if let Some(bias) = &bias {
+        validate::same_dtype("bias", "lhs", lhs.dtype(), bias.dtype())?;
+        validate::same_device::<B>("bias", "lhs", &device, &bias.device())?;
+        validate::dim(
+            "bias",
+            &bias.dims(),
+            0,
+            rhs_shape[1],
+            "the output features N",
+        )?;
+    }
+    let implementation = implementation_for::<B>(Op::Matmul, &device, lhs.dtype())?;
+    let out = B::invariant_matmul(float(lhs), float(rhs), bias.map(float), implementation);
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+}
+
+/// Batch-invariant `input [.., K] · weight [K, N] (+ bias [N]) → [.., N]`, Burn's `Linear`
+/// layout. The bias is added in f32 before the final rounding.
+pub fn linear<B: InvariantBackend, const D: usize>(
+    input: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Result<Tensor<B, D>, InvariantError> {
+    let dims = input.dims();
+    let k = dims[D - 1];
+    let [weight_k, n] = weight.dims();
+    if weight_k != k {
+        return Err(InvariantError::Shape {
+            arg: "weight",
+            expected: format!("dimension 0 = {k} (the last dimension of `input`)"),
+            got: vec![weight_k, n],
+        });
+    }
+    let rows = dims[..D - 1].iter().product::<usize>();
+    let out = gemm(input.reshape([rows, k]), weight, bias)?;
+    let mut out_dims = dims;
+    out_dims[D - 1] = n;
+    Ok(out.reshape(out_dims))
+}
+
+/// `log_softmax(hidden · weightᵀ + bias)[i, targets[i]]` as f32 `[N]`, without ever
+/// materializing the `[N, V]` logits. `hidden [N, D]`, `weight [V, D]` (LM-head layout),
+/// `bias [V]`. Differentiable w.r.t. hidden, weight and bias; batch-invariant per row.
+pub fn linear_logp<B: InvariantBackend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    options: &LinearLogpOptions,
+) -> Result<Tensor<B, 1>, InvariantError> {
+    linear_logp_with_lse(hidden, weight, targets, bias, options).map(|(logp, _)| logp)
+}
+
+/// [`linear_logp`] that also returns `lse[i] = logsumexp_j z[i, j]` (for z-loss, entropy,
+/// diagnostics); both are f32 `[N]` and both are differentiable.
+pub fn linear_logp_with_lse<B: InvariantBackend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    options: &LinearLogpOptions,
+) -> Result<(Tensor<B, 1>, Tensor<B, 1>), InvariantError> {
+    let implementation = check_linear_logp(&hidden, &weight, &targets, bias.as_ref(), options)?;
+    let n = hidden.dims()[0];
+    let inputs = LinearLogpInputs {
+        hidden: float(hidden),
+        weight: float(weight),
+        bias: bias.map(float),
+        targets: targets.into_primitive(),
+        ignore_index: options.ignore_index,
+    };
+    let stats: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(
+        B::invariant_linear_logp(inputs, implementation),
+    ));
+    let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
+    let lse = stats.slice([0..n, 1..2]).reshape([n]);
+    Ok((logp, lse))
+}
+
+/// Every check of SPEC §7 for `linear_logp`, then the registry's choice.
+pub(crate) fn check_linear_logp<B: InvariantBackend>(
+    hidden: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    targets: &Tensor<B, 1, Int>,
+    bias: Option<&Tensor<B, 1>>,
+    options: &LinearLogpOptions,
+) -> Result<crate::registry::Implementation, InvariantError> {
+    let ([n, d], [v, _]) = (hidden.dims(), weight.dims());
+    let device = hidden.device();
+    validate::float_dtype("hidden", hidden.dtype())?;
+    validate::same_dtype("weight", "hidden", hidden.dtype(), weight.dtype())?;
+    validate::same_device::<B>("weight", "hidden", &device, &weight.device())?;
+    validate::same_device::<B>("targets", "hidden", &device, &targets.device())?;
+    validate::dim(
+        "weight",
+        &weight.dims(),
+        1,
+        d,
+        "the hidden size D of `hidden`",
+    )?;
+    if v == 0 {
+        return Err(InvariantError::Shape {
+            arg: "weight",
+            expected: "at least one vocabulary row".into(),
+            got: weight.dims().to_vec(),
+        });
+    }
+    validate::dim("targets", &targets.dims(), 0, n, "the rows N of `hidden`")?;
+    if let Some(bias) = bias {
+        validate::same_dtype("bias", "weight", weight.dtype(), bias.dtype())?;
+        validate::same_device::<B>("bias", "hidden", &device, &bias.device())?;
+        validate::dim(
+            "bias",
+            &bias.dims(),
+            0,
+            v,
+            "the vocabulary size V of `weight`",
+        )?;
+    }
+    validate::index_limit("hidden", &hidden.dims())?;
+    validate::index_limit("weight", &weight.dims())?;
+    let implementation = implementation_for::<B>(Op::LinearLogp, &device, hidden.dtype())?;
+    if !options.skip_target_check && n > 0 {
+        validate::targets_in_range(targets, v, options.ignore_index)?;
+    }
+    Ok(implementation)
+}

@@ -1,0 +1,297 @@
+//! The oracle's arithmetic on host slices. Each output element is one `f32::mul_add` chain in
+//! ascending reduction order, so a row's bits never depend on other rows; rayon only spreads
+//! independent outputs over threads.
+use rayon::prelude::*;
+
+/// Vocabulary tile of the reference online softmax. The reference's bits depend on it, so it
+/// is fixed.
+pub const VOCAB_TILE: usize = 256;
+
+/// A read-only strided view of a row-major matrix (a transposed view swaps the strides).
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    /// Backing storage.
+    pub data: &'a [f32],
+    /// Logical rows.
+    pub rows: usize,
+    /// Logical columns.
+    pub cols: usize,
+    /// Distance between consecutive rows.
+    pub row_stride: usize,
+    /// Distance between consecutive columns.
+    pub col_stride: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// A dense row-major `[rows, cols]` matrix.
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(data.len(), rows * cols, "MatRef: data length");
+        Self {
+            data,
+            rows,
+            cols,
+            row_stride: cols,
+            col_stride: 1,
+        }
+    }
+
+    /// The transposed view.
+    pub fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..self
+        }
+    }
+
+    #[inline]
+    fn at(&self, row: usize, col: usize) -> f32 {
+        self.data[row * self.row_stride + col * self.col_stride]
+    }
+}
+
+/// `lhs · rhs (+ bias)` → dense `[lhs.rows, rhs.cols]`:
+/// `acc = 0; for k ascending { acc = lhs[i,k].mul_add(rhs[k,j], acc) }; out = acc + bias[j]`.
+pub fn gemm(lhs: MatRef<'_>, rhs: MatRef<'_>, bias: Option<&[f32]>) -> Vec<f32> {
+    assert_eq!(lhs.cols, rhs.rows, "gemm: inner dimensions");
+    let (k, n) = (lhs.cols, rhs.cols);
+    let mut out = vec![0.0f32; lhs.rows * n];
+    if n == 0 {
+        return out;
+    }
+    out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        // k outer, j inner: each out[i, j] still sees k in ascending order.
+        for p in 0..k {
+            let a = lhs.at(i, p);
+            for (j, acc) in row.iter_mut().enumerate() {
+                *acc = a.mul_add(rhs.at(p, j), *acc);
+            }
+        }
+        if let Some(bias) = bias {
+            for (acc, b) in row.iter_mut().zip(bias) {
+                *acc += *b;
+            }
+        }
+    });
+    out
+}
+
+/// Column sums of `x`, rows in ascending order.
+pub fn sum_rows(x: MatRef<'_>) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.cols];
+    for i in 0..x.rows {
+        for (j, acc) in out.iter_mut().enumerate() {
+            *acc += x.at(i, j);
+        }
+    }
+    out
+}
+
+/// Max that propagates NaN (`f32::max` drops it).
+#[inline]
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Running softmax statistics of one row: max and sum of `exp(z − max)`.
+#[derive(Debug, Clone, Copy)]
+struct Softmax {
+    max: f32,
+    sum: f32,
+}
+
+impl Softmax {
+    const EMPTY: Self = Self {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    };
+
+    fn of_tile(z: &[f32]) -> Self {
+        let max = z.iter().copied().fold(f32::NEG_INFINITY, nan_max);
+        // A tile of -inf logits (masked vocabulary) contributes nothing.
+        if max == f32::NEG_INFINITY {
+            return Self::EMPTY;
+        }
+        let sum = z.iter().fold(0.0f32, |s, &v| s + (v - max).exp());
+        Self { max, sum }
+    }
+
+    fn merge(self, other: Self) -> Self {
+        let max = nan_max(self.max, other.max);
+        if max == f32::NEG_INFINITY {
+            return Self::EMPTY;
+        }
+        let sum = self.sum * (self.max - max).exp() + other.sum * (other.max - max).exp();
+        Self { max, sum }
+    }
+
+    fn lse(self) -> f32 {
+        self.max + self.sum.ln()
+    }
+}
+
+/// Problem description of the reference `linear_logp`.
+#[derive(Debug, Clone, Copy)]
+pub struct LogpProblem<'a> {
+    /// `[N, D]` row-major.
+    pub hidden: &'a [f32],
+    /// `[V, D]` row-major.
+    pub weight: &'a [f32],
+    /// `[V]`.
+    pub bias: Option<&'a [f32]>,
+    /// `[N]`.
+    pub targets: &'a [i64],
+    /// Rows whose target equals this are ignored.
+    pub ignore_index: Option<i64>,
+    /// Rows.
+    pub n: usize,
+    /// Hidden size.
+    pub d: usize,
+    /// Vocabulary size.
+    pub v: usize,
+}
+
+impl LogpProblem<'_> {
+    /// `z[i, j]`: one ascending `mul_add` chain over D, then the bias.
+    #[inline]
+    fn logit(&self, i: usize, j: usize) -> f32 {
+        let h = &self.hidden[i * self.d..(i + 1) * self.d];
+        let w = &self.weight[j * self.d..(j + 1) * self.d];
+        let dot = h
+            .iter()
+            .zip(w)
+            .fold(0.0f32, |acc, (a, b)| a.mul_add(*b, acc));
+        match self.bias {
+            Some(bias) => dot + bias[j],
+            None => dot,
+        }
+    }
+
+    fn is_ignored(&self, i: usize) -> bool {
+        self.ignore_index == Some(self.targets[i])
+    }
+
+    /// The target as a vocabulary index, if it is one.
+    fn target(&self, i: usize) -> Option<usize> {
+        usize::try_from(self.targets[i])
+            .ok()
+            .filter(|&t| t < self.v)
+    }
+
+    /// `dz[i, j]` for one row's upstream gradients.
+    #[inline]
+    fn dlogit(&self, z: f32, lse: f32, g_logp: f32, g_lse: f32, is_target: bool) -> f32 {
+        let p = (z - lse).exp();
+        let dz = (g_lse - g_logp) * p;
+        if is_target { dz + g_logp } else { dz }
+    }
+
+    /// The logp gradient of row i, zero for ignored rows.
+    fn g_logp(&self, i: usize, grad: &[f32]) -> f32 {
+        if self.is_ignored(i) { 0.0 } else { grad[2 * i] }
+    }
+}
+
+/// Forward: `[N, 2]` with `(logp, lse)` per row. The vocabulary is walked in
+/// [`VOCAB_TILE`]-wide tiles in ascending order; only one tile of logits exists at a time.
+/// A target that is neither in range nor ignored yields NaN (the public API rejects those).
+pub fn linear_logp(problem: &LogpProblem<'_>) -> Vec<f32> {
+    let mut out = vec![0.0f32; 2 * problem.n];
+    out.par_chunks_mut(2).enumerate().for_each(|(i, stats)| {
+        let mut tile = vec![0.0f32; VOCAB_TILE.min(problem.v)];
+        let mut softmax = Softmax::EMPTY;
+        let mut target_logit = f32::NAN;
+        let target = problem.target(i);
+        for start in (0..problem.v).step_by(VOCAB_TILE) {
+            let end = (start + VOCAB_TILE).min(problem.v);
+            let z = &mut tile[..end - start];
+            for (offset, slot) in z.iter_mut().enumerate() {
+                *slot = problem.logit(i, start + offset);
+            }
+            if let Some(t) = target.filter(|t| (start..end).contains(t)) {
+                target_logit = z[t - start];
+            }
+            softmax = softmax.merge(Softmax::of_tile(z));
+        }
+        let lse = softmax.lse();
+        stats[0] = if problem.is_ignored(i) {
+            0.0
+        } else {
+            target_logit - lse
+        };
+        stats[1] = lse;
+    });
+    out
+}
+
+/// Backward from `stats [N, 2]` (lse in column 1) and `grad [N, 2]` (`dLogp`, `dLse`).
+/// `dHidden[i]` sums over the vocabulary in ascending order; `dWeight[j]` and `dBias[j]` sum
+/// over tokens in ascending order. Logits are recomputed, never stored.
+pub fn linear_logp_backward(
+    problem: &LogpProblem<'_>,
+    stats: &[f32],
+    grad: &[f32],
+    want_hidden: bool,
+    want_weight: bool,
+    want_bias: bool,
+) -> (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>) {
+    let (n, d, v) = (problem.n, problem.d, problem.v);
+    let hidden_grad = want_hidden.then(|| {
+        let mut dh = vec![0.0f32; n * d];
+        if d > 0 {
+            dh.par_chunks_mut(d).enumerate().for_each(|(i, row)| {
+                let (lse, g_logp, g_lse) =
+                    (stats[2 * i + 1], problem.g_logp(i, grad), grad[2 * i + 1]);
+                let target = problem.target(i);
+                for j in 0..v {
+                    let z = problem.logit(i, j);
+                    let dz = problem.dlogit(z, lse, g_logp, g_lse, target == Some(j));
+                    let w = &problem.weight[j * d..(j + 1) * d];
+                    for (acc, wv) in row.iter_mut().zip(w) {
+                        *acc = dz.mul_add(*wv, *acc);
+                    }
+                }
+            });
+        }
+        dh
+    });
+    let (weight_grad, bias_grad) = if want_weight || want_bias {
+        // One pass per vocabulary row: dWeight[j] and dBias[j] over tokens in ascending order.
+        let per_row: Vec<(Vec<f32>, f32)> = (0..v)
+            .into_par_iter()
+            .map(|j| {
+                let mut dw = vec![0.0f32; if want_weight { d } else { 0 }];
+                let mut db = 0.0f32;
+                for i in 0..n {
+                    let (lse, g_logp, g_lse) =
+                        (stats[2 * i + 1], problem.g_logp(i, grad), grad[2 * i + 1]);
+                    let z = problem.logit(i, j);
+                    let dz = problem.dlogit(z, lse, g_logp, g_lse, problem.target(i) == Some(j));
+                    let h = &problem.hidden[i * d..(i + 1) * d];
+                    for (acc, hv) in dw.iter_mut().zip(h) {
+                        *acc = dz.mul_add(*hv, *acc);
+                    }
+                    db += dz;
+                }
+                (dw, db)
+            })
+            .collect();
+        let weight_grad = want_weight.then(|| {
+            per_row
+                .iter()
+                .flat_map(|(dw, _)| dw.iter().copied())
+                .collect()
+        });
+        let bias_grad = want_bias.then(|| per_row.iter().map(|(_, db)| *db).collect());
+        (weight_grad, bias_grad)
+    } else {
+        (None, None)
+    };
+    (hidden_grad, weight_grad, bias_grad)
+}

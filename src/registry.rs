@@ -1,0 +1,176 @@
+//! Which implementation runs an op: one place that maps (op, device, dtype) to an
+//! [`Implementation`], honours the `BURN_INVARIANT_IMPL` override and refuses, with a reason,
+//! when a forced implementation cannot run. Backends declare what they can run through
+//! [`InvariantBackend::implementations`]; callers never branch on the backend themselves.
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+use burn::tensor::DType;
+
+use crate::{InvariantBackend, InvariantError};
+
+/// Environment variable that forces one implementation for every op.
+pub const OVERRIDE_ENV: &str = "BURN_INVARIANT_IMPL";
+
+/// The three implementations of every op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Implementation {
+    /// Plain Rust on NdArray: the oracle.
+    Reference,
+    /// Portable CubeCL kernels (CUDA, wgpu, ROCm).
+    CubeCl,
+    /// Hand-written TMA + WGMMA kernels for CUDA compute capability 9.0.
+    Sm90,
+}
+
+impl Implementation {
+    /// The name accepted by `BURN_INVARIANT_IMPL`.
+    pub fn env_name(self) -> &'static str {
+        match self {
+            Implementation::Reference => "reference",
+            Implementation::CubeCl => "cubecl",
+            Implementation::Sm90 => "sm90",
+        }
+    }
+
+    fn from_env_name(value: &str) -> Option<Self> {
+        [Self::Reference, Self::CubeCl, Self::Sm90]
+            .into_iter()
+            .find(|imp| imp.env_name().eq_ignore_ascii_case(value.trim()))
+    }
+}
+
+/// The ops the registry dispatches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `matmul` / `linear`, forward and both backward products.
+    Matmul,
+    /// `linear_logp` forward and backward.
+    LinearLogp,
+}
+
+/// One implementation a backend offers for an (op, device, dtype), and whether it can run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The implementation.
+    pub implementation: Implementation,
+    /// `Ok` when it can run, otherwise why not.
+    pub availability: Result<(), String>,
+}
+
+impl Candidate {
+    /// An implementation that can run.
+    pub fn available(implementation: Implementation) -> Self {
+        Self {
+            implementation,
+            availability: Ok(()),
+        }
+    }
+
+    /// An implementation that exists on this backend but cannot run this call.
+    pub fn unavailable(implementation: Implementation, reason: impl Into<String>) -> Self {
+        Self {
+            implementation,
+            availability: Err(reason.into()),
+        }
+    }
+}
+
+/// The implementation forced by `BURN_INVARIANT_IMPL`, if any.
+pub fn forced_implementation() -> Result<Option<Implementation>, InvariantError> {
+    match std::env::var(OVERRIDE_ENV) {
+        Ok(value) if value.trim().is_empty() => Ok(None),
+        Ok(value) => Implementation::from_env_name(&value)
+            .map(Some)
+            .ok_or(InvariantError::InvalidOverride { got: value }),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Which implementation runs `op` on `device` for `dtype`, or the error the call would return.
+///
+/// Without an override this is the first available candidate of the backend (its preference
+/// order); with `BURN_INVARIANT_IMPL` set it is that implementation or an error, never a
+/// silent fallback.
+pub fn implementation_for<B: InvariantBackend>(
+    op: Op,
+    device: &B::Device,
+    dtype: DType,
+) -> Result<Implementation, InvariantError> {
+    let candidates = B::implementations(op, device, dtype);
+    let backend = || B::name(device);
+    let chosen = match forced_implementation()? {
+        Some(forced) => match candidates.iter().find(|c| c.implementation == forced) {
+            Some(Candidate {
+                availability: Ok(()),
+                ..
+            }) => forced,
+            Some(Candidate {
+                availability: Err(reason),
+                ..
+            }) => {
+                return Err(InvariantError::ImplementationUnavailable {
+                    op,
+                    implementation: forced,
+                    backend: backend(),
+                    device: format!("{device:?}"),
+                    dtype,
+                    reason: format!("forced by {OVERRIDE_ENV}, but {reason}"),
+                });
+            }
+            None => {
+                return Err(InvariantError::ImplementationUnavailable {
+                    op,
+                    implementation: forced,
+                    backend: backend(),
+                    device: format!("{device:?}"),
+                    dtype,
+                    reason: format!(
+                        "forced by {OVERRIDE_ENV}, but this backend offers only {:?}",
+                        candidates
+                            .iter()
+                            .map(|c| c.implementation)
+                            .collect::<Vec<_>>()
+                    ),
+                });
+            }
+        },
+        None => match candidates.iter().find(|c| c.availability.is_ok()) {
+            Some(candidate) => candidate.implementation,
+            None => {
+                let reasons = candidates
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{:?}: {}",
+                            c.implementation,
+                            c.availability.as_ref().err().map_or("", String::as_str)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(InvariantError::NoImplementation {
+                    op,
+                    backend: backend(),
+                    device: format!("{device:?}"),
+                    dtype,
+                    reasons,
+                });
+            }
+        },
+    };
+    log_first_use(op, &backend(), &format!("{device:?}"), chosen);
+    Ok(chosen)
+}
+
+fn log_first_use(op: Op, backend: &str, device: &str, implementation: Implementation) {
+    static SEEN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    let key = format!("{op:?}/{backend}/{device}/{implementation:?}");
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if seen.insert(key) {
+        log::info!("burn-invariant: {op:?} on {backend} {device} runs {implementation:?}");
+    }
+}
