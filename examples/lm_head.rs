@@ -4,7 +4,7 @@
 //!
 //! CPU (NdArray reference) by default: `cargo run --release --example lm_head`.
 //! `--features wgpu` or `--features cuda` runs it on that backend.
-use burn::module::{Module, Param};
+use burn::module::{AutodiffModule, Module, Param};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::AutodiffBackend};
 use burn_invariant::{
@@ -85,7 +85,7 @@ fn batch<B: InvariantBackend>(
                 .iter()
                 .take(8)
                 .enumerate()
-                .fold(0usize, |acc, (i, x)| acc + ((*x > 0.0) as usize) << i);
+                .fold(0usize, |acc, (i, x)| acc | (usize::from(*x > 0.0) << i));
             (bucket * 3 % VOCAB) as i64
         })
         .collect();

@@ -12,7 +12,7 @@ use burn_autodiff::{
     ops::{Backward, Ops, OpsKind},
 };
 
-use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs};
+use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, Problem};
 use crate::registry::{Candidate, Implementation, Op};
 
 #[derive(Debug)]
@@ -218,6 +218,10 @@ impl<B: InvariantBackend, C: CheckpointStrategy> InvariantBackend for Autodiff<B
         B::implementations(op, device, dtype)
     }
 
+    fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {
+        B::check_problem(implementation, problem)
+    }
+
     fn invariant_matmul(
         lhs: FloatTensor<Self>,
         rhs: FloatTensor<Self>,
@@ -345,6 +349,15 @@ impl<B: InvariantBackend, C: CheckpointStrategy> InvariantBackend for Autodiff<B
                 Some(b)
             ),
         }
+    }
+
+    fn invariant_tp_linear_logp<G: crate::tp::Collective<Self> + Clone + 'static>(
+        inputs: LinearLogpInputs<Self>,
+        plan: &crate::tp::Plan,
+        group: &G,
+        implementation: Implementation,
+    ) -> Result<FloatTensor<Self>, crate::InvariantError> {
+        crate::tp::autodiff_forward::<B, C, G>(inputs, plan, group, implementation)
     }
 
     fn invariant_linear_logp_backward(

@@ -11,6 +11,29 @@ use burn::tensor::{
 
 use crate::registry::{Candidate, Implementation, Op};
 
+/// The sizes of one call, for [`InvariantBackend::check_problem`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Problem {
+    /// `[m, k] · [k, n]`.
+    Matmul {
+        /// Rows.
+        m: usize,
+        /// Reduction size.
+        k: usize,
+        /// Output features.
+        n: usize,
+    },
+    /// `hidden [n, d]`, `weight [v, d]`.
+    LinearLogp {
+        /// Rows.
+        n: usize,
+        /// Hidden size.
+        d: usize,
+        /// Vocabulary size.
+        v: usize,
+    },
+}
+
 /// Inputs of the fused linear log-prob primitives.
 #[derive(Debug, Clone)]
 pub struct LinearLogpInputs<B: Backend> {
@@ -67,6 +90,12 @@ pub trait InvariantBackend: Backend {
     /// most preferred first, each saying whether it can run.
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate>;
 
+    /// Shape limits of `implementation` beyond dtype and device; `Err(reason)` reaches the
+    /// caller as [`crate::InvariantError::UnsupportedProblem`] before anything runs.
+    fn check_problem(_implementation: Implementation, _problem: Problem) -> Result<(), String> {
+        Ok(())
+    }
+
     /// `lhs [M, K] · rhs [K, N] (+ bias [N])`, in the input dtype. Row-invariant.
     fn invariant_matmul(
         lhs: FloatTensor<Self>,
@@ -114,4 +143,17 @@ pub trait InvariantBackend: Backend {
         request: GradRequest,
         implementation: Implementation,
     ) -> LinearLogpGrads<Self>;
+
+    /// Tensor-parallel [`Self::invariant_linear_logp`] (`crate::tp`) on validated inputs: this
+    /// rank's `[N, 2]` f32 `(logp, lse)` over the global vocabulary. The default runs the
+    /// segment algorithm with this backend's primitives; `Autodiff` overrides it to record a
+    /// backward that exchanges `dHidden` through `group`. Fails only if the collective does.
+    fn invariant_tp_linear_logp<G: crate::tp::Collective<Self> + Clone + 'static>(
+        inputs: LinearLogpInputs<Self>,
+        plan: &crate::tp::Plan,
+        group: &G,
+        implementation: Implementation,
+    ) -> Result<FloatTensor<Self>, crate::InvariantError> {
+        crate::tp::engine_forward::<Self, G>(inputs, plan, group, implementation)
+    }
 }

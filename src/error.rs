@@ -103,6 +103,16 @@ pub enum InvariantError {
         /// Why it cannot run.
         reason: String,
     },
+    /// The selected implementation cannot run a call of these sizes.
+    #[error("{implementation:?} cannot run {problem:?}: {reason}")]
+    UnsupportedProblem {
+        /// The implementation selected.
+        implementation: Implementation,
+        /// The sizes of the call.
+        problem: crate::backend::Problem,
+        /// Why.
+        reason: String,
+    },
     /// No implementation of this backend can run this call.
     #[error(
         "{op:?} has no implementation on {backend} device {device} for dtype {dtype:?}: {reasons}"
@@ -118,6 +128,50 @@ pub enum InvariantError {
         dtype: DType,
         /// Why each candidate was refused.
         reasons: String,
+    },
+    /// Tensor parallel (`tp`): the ranks' vocabulary shards do not form a contiguous partition
+    /// of `[0, V_global)`.
+    #[error(
+        "`shard` of rank {rank}: the shards must partition [0, V_global) in rank order: expected {expected}, got {got}"
+    )]
+    Partition {
+        /// The first rank whose shard breaks the partition.
+        rank: usize,
+        /// What the other ranks imply.
+        expected: String,
+        /// What that rank declared.
+        got: String,
+    },
+    /// Tensor parallel (`tp`): a quantity that must be equal on every rank is not.
+    #[error(
+        "tensor-parallel ranks disagree on {what}: rank 0 has {expected}, rank {rank} has {got}"
+    )]
+    RankMismatch {
+        /// The quantity (e.g. "N (rows of `hidden`)").
+        what: &'static str,
+        /// The first rank that differs from rank 0.
+        rank: usize,
+        /// Rank 0's value.
+        expected: String,
+        /// That rank's value.
+        got: String,
+    },
+    /// Tensor parallel (`tp`): one rank's own checks failed; every rank returns this error.
+    #[error("tensor-parallel rank {rank} of {world} rejected its inputs: {reason}")]
+    RankFailed {
+        /// The lowest failing rank.
+        rank: usize,
+        /// The world size.
+        world: usize,
+        /// That rank's error, as text (the same on every rank).
+        reason: String,
+    },
+    /// Tensor parallel (`tp`): a collective operation failed (timeout, a rank that left, blocks
+    /// of different sizes).
+    #[error("collective operation failed: {reason}")]
+    Collective {
+        /// What went wrong, naming the ranks involved.
+        reason: String,
     },
     /// Reading tensor data back to the host failed.
     #[error("reading `{arg}` back to the host failed: {reason}")]

@@ -10,6 +10,7 @@ pub mod nn;
 mod ops;
 pub mod reference;
 pub mod registry;
+pub mod tp;
 mod validate;
 
 pub use backend::InvariantBackend;

@@ -1,7 +1,8 @@
 //! The public functions of SPEC §2: validate, ask the registry, then run the primitive.
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
-use crate::backend::{InvariantBackend, LinearLogpInputs};
+use crate::backend::{InvariantBackend, LinearLogpInputs, Problem};
+use crate::registry::Implementation;
 use crate::registry::{Op, implementation_for};
 use crate::{InvariantError, validate};
 
@@ -80,6 +81,14 @@ fn gemm<B: InvariantBackend>(
         )?;
     }
     let implementation = implementation_for::<B>(Op::Matmul, &device, lhs.dtype())?;
+    check_problem::<B>(
+        implementation,
+        Problem::Matmul {
+            m: lhs_shape[0],
+            k: lhs_shape[1],
+            n: rhs_shape[1],
+        },
+    )?;
     let out = B::invariant_matmul(float(lhs), float(rhs), bias.map(float), implementation);
     Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
 }
@@ -154,7 +163,7 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     targets: &Tensor<B, 1, Int>,
     bias: Option<&Tensor<B, 1>>,
     options: &LinearLogpOptions,
-) -> Result<crate::registry::Implementation, InvariantError> {
+) -> Result<Implementation, InvariantError> {
     let ([n, d], [v, _]) = (hidden.dims(), weight.dims());
     let device = hidden.device();
     validate::float_dtype("hidden", hidden.dtype())?;
@@ -190,8 +199,17 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     validate::index_limit("hidden", &hidden.dims())?;
     validate::index_limit("weight", &weight.dims())?;
     let implementation = implementation_for::<B>(Op::LinearLogp, &device, hidden.dtype())?;
+    check_problem::<B>(implementation, Problem::LinearLogp { n, d, v })?;
     if !options.skip_target_check && n > 0 {
         validate::targets_in_range(targets, v, options.ignore_index)?;
     }
     Ok(implementation)
+}
+
+fn check_problem<B: InvariantBackend>(implementation: Implementation, problem: Problem) -> Result<(), InvariantError> {
+    B::check_problem(implementation, problem).map_err(|reason| InvariantError::UnsupportedProblem {
+        implementation,
+        problem,
+        reason,
+    })
 }

@@ -10,7 +10,7 @@ use burn_fusion::{
 };
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs};
+use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, Problem};
 use crate::registry::{Candidate, Implementation, Op};
 
 /// Which primitive a custom op runs, with its non-tensor arguments.
@@ -145,6 +145,10 @@ fn shape_of<R: FusionRuntime>(t: &FusionTensor<R>) -> Vec<usize> {
 impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
         B::implementations(op, device, dtype)
+    }
+
+    fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {
+        B::check_problem(implementation, problem)
     }
 
     fn invariant_matmul(

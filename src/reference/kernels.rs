@@ -230,6 +230,9 @@ pub fn linear_logp(problem: &LogpProblem<'_>) -> Vec<f32> {
     out
 }
 
+/// `(dHidden, dWeight, dBias)` on the host, each present when requested.
+pub type HostGrads = (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>);
+
 /// Backward from `stats [N, 2]` (lse in column 1) and `grad [N, 2]` (`dLogp`, `dLse`).
 /// `dHidden[i]` sums over the vocabulary in ascending order; `dWeight[j]` and `dBias[j]` sum
 /// over tokens in ascending order. Logits are recomputed, never stored.
@@ -240,7 +243,7 @@ pub fn linear_logp_backward(
     want_hidden: bool,
     want_weight: bool,
     want_bias: bool,
-) -> (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>) {
+) -> HostGrads {
     let (n, d, v) = (problem.n, problem.d, problem.v);
     let hidden_grad = want_hidden.then(|| {
         let mut dh = vec![0.0f32; n * d];

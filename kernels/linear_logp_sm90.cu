@@ -1,0 +1,379 @@
+// linear_logp_sm90.cu: fused z = H.W^T + b -> log-softmax statistics (forward) and gradients (backward)
+// without ever storing [N, V]. Compile as common.cuh ++ this file. ABI: README.md.
+//
+// Forward: the vocabulary is cut into fixed segments of LOGP_SEG columns (independent of N and of the
+// SM count). One work item = (128-row block, segment): the CTA walks the segment's 256-wide vocab tiles in
+// ascending order, keeps an online (max, sum-exp) per row in registers and writes one partial per
+// (segment, row). ib_logp_merge then combines the partials of a row in a fixed pairwise tree over the
+// segment index (stride 1, 2, 4, ...) and forms lse and logp.
+// Backward (host loop over fixed token chunks x vocab chunks, see README): ib_logp_bwd_dz_* recomputes a
+// z tile, turns it into dz in registers, stores dz (input dtype) into a chunk workspace and per-128-row
+// column sums for dbias; ib_gemm_nn/tn then accumulate dH and dW from that workspace; ib_logp_bwd_dbias_*
+// reduces the dbias partials in ascending row-block order.
+
+#define LOGP_SEG 1024  // vocab columns per forward segment (multiple of the 256-wide vocab tile)
+
+struct LogpFwdParams {
+  TmaDesc tmH;             // offset   0: H [N, D], box 64x64, swizzle 128B
+  TmaDesc tmW;             // offset 128: W [V, D], box 64x64, swizzle 128B
+  u32 N, V, D;             // offset 256, 260, 264
+  u32 flags;               // offset 268: LOGP_HAS_BIAS | LOGP_HAS_IGNORE
+  long long ignore_index;  // offset 272
+};                         // sizeof 320
+
+struct LogpBwdParams {
+  TmaDesc tmH;             // offset   0: H rows [t0, t0+tw): base &H[t0*D], dims {D, tw}
+  TmaDesc tmW;             // offset 128: W rows [v0, v0+vw): base &W[v0*D], dims {D, vw}
+  u32 tw, vw, D;           // offset 256, 260, 264: chunk rows, chunk vocab columns, hidden size
+  u32 flags;               // offset 268: LOGP_* bits
+  long long ignore_index;  // offset 272
+  u32 t0, v0;              // offset 280, 284: chunk origin (global token row, global vocab column)
+  u32 ldz;                 // offset 288: row stride (elements) of dz and of dbias_part; multiple of 8
+};                         // sizeof 320
+
+static_assert(sizeof(LogpFwdParams) == 320, "LogpFwdParams ABI: the host builds these 320 bytes by hand");
+static_assert(sizeof(LogpBwdParams) == 320, "LogpBwdParams ABI: the host builds these 320 bytes by hand");
+
+#define LOGP_HAS_BIAS 1u
+#define LOGP_HAS_IGNORE 2u
+#define LOGP_DBIAS_ACC_LOAD 4u   // dbias: v = dbias_acc[v] + chunk sum
+#define LOGP_DBIAS_ACC_STORE 8u  // dbias: dbias_acc[v] = v
+#define LOGP_DBIAS_STORE 16u     // dbias: dbias_out[v] = round(v)
+
+namespace ib {
+
+// 128 x 256 x 64 tiles, 4 stages, H and W K-major, 2-CTA clusters on adjacent 128-row blocks sharing the
+// W tile (multicast). Row block of CTA rank r in row-block pair q: 2q + r.
+typedef Gmma<__nv_bfloat16, 256, 2, 4, 0, 0, 2> LogpCfgBf16;
+typedef Gmma<__half, 256, 2, 4, 0, 0, 2> LogpCfgF16;
+
+__device__ __forceinline__ float2 ms_combine(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  if (m == IB_NEG_INF) return make_float2(m, 0.f);
+  // commutative: combine(a, b) and combine(b, a) give the same bits
+  return make_float2(m, a.y * ex2((a.x - m) * IB_LOG2E) + b.y * ex2((b.x - m) * IB_LOG2E));
+}
+
+template <class T, class G>
+__device__ __forceinline__ void logp_fwd_body(const LogpFwdParams& p, const T* __restrict__ bias,
+                                              const int* __restrict__ targets, float* __restrict__ logp,
+                                              float2* __restrict__ ws) {
+  extern __shared__ unsigned char smem_raw[];
+  const typename G::Smem s = G::carve(smem_raw);
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+  if (threadIdx.x == 0) {
+    G::init_barriers(s);
+    tma_prefetch_desc(&p.tmH);
+    tma_prefetch_desc(&p.tmW);
+  }
+  __syncthreads();
+  cluster_sync();
+  const int N = (int)p.N, V = (int)p.V;
+  const int num_rbp = cdiv(cdiv(N, G::BM), G::CL), nseg = cdiv(V, LOGP_SEG);
+  const int items = num_rbp * nseg, nk = cdiv((int)p.D, G::BK);
+  const int rank = (int)cluster_rank(), first = blockIdx.x / G::CL, step = gridDim.x / G::CL;
+  PipeState ps;
+  if (wg == 0) {
+    reg_dealloc<40>();
+    if (tid == 0) {
+      for (int it = first; it < items; it += step) {
+        const int rb = (it % num_rbp) * G::CL + rank, sg = it / num_rbp;
+        const int vend = min(V, (sg + 1) * LOGP_SEG);
+        for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) produce_tile<G>(s, ps, &p.tmH, &p.tmW, rb * G::BM, n0, nk);
+      }
+    }
+    __syncwarp();
+  } else {
+    reg_alloc<232>();
+    const int c = wg - 1, w = tid >> 5, l = tid & 31, q = l & 3;
+    const bool has_bias = p.flags & LOGP_HAS_BIAS;
+    float acc[G::NACC];
+    for (int it = first; it < items; it += step) {
+      const int rb = (it % num_rbp) * G::CL + rank, sg = it / num_rbp;
+      const int vend = min(V, (sg + 1) * LOGP_SEG);
+      int row[2], tgt[2];
+      float mrun[2], srun[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        row[i] = rb * G::BM + 64 * c + 16 * w + (l >> 2) + 8 * i;
+        tgt[i] = row[i] < N ? targets[row[i]] : -1;
+        mrun[i] = IB_NEG_INF;
+        srun[i] = 0.f;
+      }
+      for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) {
+        consume_tile<G>(acc, s, ps, nk, c, tid);
+        const int cb = n0 + 2 * q;
+        if (has_bias) {
+#pragma unroll
+          for (int j = 0; j < G::BN / 8; ++j) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int col = cb + 8 * j + h;
+              const float b = col < V ? to_f32<T>(bias[col]) : 0.f;
+              acc[4 * j + h] += b;
+              acc[4 * j + 2 + h] += b;
+            }
+          }
+        }
+        if (n0 + G::BN > V) {  // last, partial tile: columns >= V do not exist
+#pragma unroll
+          for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              if (cb + 8 * j + h >= V) acc[4 * j + h] = acc[4 * j + 2 + h] = IB_NEG_INF;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float mx = IB_NEG_INF;
+#pragma unroll
+          for (int j = 0; j < G::BN / 8; ++j) mx = fmaxf(mx, fmaxf(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]));
+          const float mnew = fmaxf(mrun[i], mx);
+          if (mnew != IB_NEG_INF) {
+            const float off = -mnew * IB_LOG2E;
+            float e0 = 0.f, e1 = 0.f, e2 = 0.f, e3 = 0.f;  // fixed 4-way split of the tile sum
+#pragma unroll
+            for (int j = 0; j < G::BN / 8; j += 2) {
+              e0 += ex2(fmaf(acc[4 * j + 2 * i], IB_LOG2E, off));
+              e1 += ex2(fmaf(acc[4 * j + 2 * i + 1], IB_LOG2E, off));
+              e2 += ex2(fmaf(acc[4 * (j + 1) + 2 * i], IB_LOG2E, off));
+              e3 += ex2(fmaf(acc[4 * (j + 1) + 2 * i + 1], IB_LOG2E, off));
+            }
+            srun[i] = srun[i] * ex2((mrun[i] - mnew) * IB_LOG2E) + ((e0 + e1) + (e2 + e3));
+            mrun[i] = mnew;
+          }
+          // target logit: taken from the same f32 accumulator the softmax used
+          const int tl = tgt[i] - n0;
+          if (tl >= 0 && tl < G::BN && ((tl & 7) >> 1) == q) {
+            float zt = 0.f;
+#pragma unroll
+            for (int j = 0; j < G::BN / 8; ++j)
+              if (j == (tl >> 3)) zt = (tl & 1) ? acc[4 * j + 2 * i + 1] : acc[4 * j + 2 * i];
+            if (row[i] < N && tgt[i] < V) logp[row[i]] = zt;  // merge kernel turns it into zt - lse
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float2 v = make_float2(mrun[i], srun[i]);
+        float2 o;
+        o.x = __shfl_xor_sync(0xffffffffu, v.x, 1);
+        o.y = __shfl_xor_sync(0xffffffffu, v.y, 1);
+        v = ms_combine(v, o);
+        o.x = __shfl_xor_sync(0xffffffffu, v.x, 2);
+        o.y = __shfl_xor_sync(0xffffffffu, v.y, 2);
+        v = ms_combine(v, o);
+        if (q == 0 && row[i] < N) ws[(size_t)sg * N + row[i]] = v;
+      }
+    }
+  }
+  cluster_sync();
+}
+
+template <class T>
+__device__ __forceinline__ void logp_bwd_dz_body(const LogpBwdParams& p, const T* __restrict__ bias,
+                                                 const int* __restrict__ targets, const float* __restrict__ lse,
+                                                 const float* __restrict__ g_logp, const float* __restrict__ g_lse,
+                                                 T* __restrict__ dz, float* __restrict__ dbias_part) {
+  typedef Gmma<T, 256, 2, 4, 0, 0, 2> G;
+  extern __shared__ unsigned char smem_raw[];
+  // 8 KiB of column partial sums (2 consumers x 4 warps x 256 columns) sit between pipeline and barriers
+  const typename G::Smem s = G::carve(smem_raw, 8 * G::BN * 4);
+  float* red = (float*)(s.a + G::PIPE_BYTES);
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+  if (threadIdx.x == 0) {
+    G::init_barriers(s);
+    tma_prefetch_desc(&p.tmH);
+    tma_prefetch_desc(&p.tmW);
+  }
+  __syncthreads();
+  cluster_sync();
+  const int tw = (int)p.tw, vw = (int)p.vw;
+  const int num_rbp = cdiv(cdiv(tw, G::BM), G::CL), num_cb = cdiv(vw, G::BN);
+  const int tiles = num_rbp * num_cb, nk = cdiv((int)p.D, G::BK);
+  const int rank = (int)cluster_rank(), first = blockIdx.x / G::CL, step = gridDim.x / G::CL;
+  PipeState ps;
+  if (wg == 0) {
+    reg_dealloc<40>();
+    if (tid == 0) {
+      for (int t = first; t < tiles; t += step)
+        produce_tile<G>(s, ps, &p.tmH, &p.tmW, ((t % num_rbp) * G::CL + rank) * G::BM, (t / num_rbp) * G::BN, nk);
+    }
+    __syncwarp();
+  } else {
+    reg_alloc<232>();
+    const int c = wg - 1, w = tid >> 5, l = tid & 31, q = l & 3;
+    const bool has_bias = p.flags & LOGP_HAS_BIAS;
+    const bool has_ign = p.flags & LOGP_HAS_IGNORE;
+    float acc[G::NACC];
+    for (int t = first; t < tiles; t += step) {
+      const int rb = (t % num_rbp) * G::CL + rank, m0 = rb * G::BM, n0 = (t / num_rbp) * G::BN;
+      consume_tile<G>(acc, s, ps, nk, c, tid);
+      const int cb = n0 + 2 * q;  // chunk-local column of acc[4j + h] is cb + 8j + h
+      if (has_bias) {
+#pragma unroll
+        for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int col = cb + 8 * j + h;
+            const float b = col < vw ? to_f32<T>(bias[p.v0 + col]) : 0.f;
+            acc[4 * j + h] += b;
+            acc[4 * j + 2 + h] += b;
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int rl = m0 + 64 * c + 16 * w + (l >> 2) + 8 * i;
+        const bool valid = rl < tw;
+        const int r = p.t0 + rl;
+        float L = 0.f, gl = 0.f, gs = 0.f;
+        long long tg = -1;
+        if (valid) {
+          L = lse[r];
+          gl = g_logp[r];
+          gs = g_lse[r];
+          tg = targets[r];
+          if (has_ign && tg == p.ignore_index) gl = 0.f;
+        }
+        const float a = gs - gl, off = -L * IB_LOG2E;
+        // target's chunk-local column, or -1 when the target is not in this chunk (or invalid)
+        const int tloc = (tg >= (long long)p.v0 && tg < (long long)p.v0 + vw) ? (int)(tg - (long long)p.v0) : -1;
+#pragma unroll
+        for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int col = cb + 8 * j + h;
+            const float pz = ex2(fmaf(acc[4 * j + 2 * i + h], IB_LOG2E, off));
+            float d = pz * a + (col == tloc ? gl : 0.f);
+            if (!valid || col >= vw) d = 0.f;
+            acc[4 * j + 2 * i + h] = d;
+          }
+        T* zrow = dz + (size_t)rl * p.ldz;
+        if (n0 + G::BN <= vw && ((u64)dz & 15ull) == 0) {
+          // full column tile: 16-byte stores after a quad transpose (all lanes shuffle, valid rows store)
+#pragma unroll
+          for (int g = 0; g < G::BN / 32; ++g) {
+            u32 wv[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) wv[k] = pack2<T>(acc[4 * (4 * g + k) + 2 * i], acc[4 * (4 * g + k) + 2 * i + 1]);
+            quad_transpose(wv, q);
+            if (valid) *(uint4*)(zrow + n0 + 8 * (4 * g + q)) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+          }
+        } else if (valid) {
+#pragma unroll
+          for (int j = 0; j < G::BN / 8; ++j) {
+            const int col = cb + 8 * j;
+            if (col + 1 < vw) *(u32*)(zrow + col) = pack2<T>(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]);
+            else if (col < vw) zrow[col] = from_f32<T>(acc[4 * j + 2 * i]);
+          }
+        }
+      }
+      // dbias: column sums over this tile's 128 rows in a fixed order (2 rows per thread, lane butterfly
+      // over the 8 row groups, then warps 0..7 in order). Skipped without bias; a row block past tw
+      // (second CTA of a pair at the end) writes nothing.
+      if (!has_bias) continue;
+#pragma unroll
+      for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v = acc[4 * j + h] + acc[4 * j + 2 + h];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          if (l < 4) red[(c * 4 + w) * G::BN + 8 * j + 2 * q + h] = v;
+        }
+      consumer_sync(128 * G::NC);
+      const int ct = threadIdx.x - 128;  // 0..255, one column each
+      float sum = red[ct];
+#pragma unroll
+      for (int k = 1; k < 8; ++k) sum += red[k * G::BN + ct];
+      if (n0 + ct < vw && m0 < tw) dbias_part[(size_t)rb * p.ldz + n0 + ct] = sum;
+      consumer_sync(128 * G::NC);
+    }
+  }
+  cluster_sync();
+}
+
+}  // namespace ib
+
+#define IB_LOGP_FWD_ENTRY(NAME, T, CFG)                                                                     \
+  extern "C" __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1)                            \
+      NAME(const T* __restrict__ H, const T* __restrict__ W, const T* __restrict__ bias,                   \
+           const int* __restrict__ targets, float* __restrict__ logp, float* __restrict__ lse,             \
+           float2* __restrict__ ws, const __grid_constant__ LogpFwdParams p) {                             \
+    ib::logp_fwd_body<T, CFG>(p, bias, targets, logp, ws);                                                  \
+  }
+// Entry selection as in gemm_sm90.cu: "#define IB_SELECT" + "#define IB_ENTRY_<name>" compiles one entry.
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_bf16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_bf16, __nv_bfloat16, ib::LogpCfgBf16)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_f16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_f16, __half, ib::LogpCfgF16)
+#endif
+
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_merge)
+// One warp per row: in-place pairwise tree over the row's segment partials (segment i absorbs segment
+// i + stride for stride = 1, 2, 4, ...), then lse = m + log(s) and logp = z_t - lse.
+extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const void* H, const void* W, const void* bias,
+                                                               const int* __restrict__ targets,
+                                                               float* __restrict__ logp, float* __restrict__ lse,
+                                                               float2* __restrict__ ws,
+                                                               const __grid_constant__ LogpFwdParams p) {
+  const int N = (int)p.N, V = (int)p.V;
+  const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const int nseg = ib::cdiv(V, LOGP_SEG);
+  for (int stride = 1; stride < nseg; stride *= 2) {
+    for (int i = lane * 2 * stride; i + stride < nseg; i += 64 * stride)
+      ws[(size_t)i * N + row] = ib::ms_combine(ws[(size_t)i * N + row], ws[(size_t)(i + stride) * N + row]);
+    __syncwarp();
+  }
+  if (lane == 0) {
+    const float2 v = ws[row];
+    const float L = v.x + logf(v.y);
+    lse[row] = L;
+    const int t = targets[row];
+    float out;
+    if ((p.flags & LOGP_HAS_IGNORE) && (long long)t == p.ignore_index) out = 0.f;
+    else if (t >= 0 && t < V) out = logp[row] - L;
+    else out = __int_as_float(0x7fc00000);  // NaN: target out of range (the host validates upstream)
+    logp[row] = out;
+  }
+}
+#endif
+
+#define IB_LOGP_BWD_DZ_ENTRY(SUF, T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1) ib_logp_bwd_dz_##SUF(     \
+      const T* __restrict__ H, const T* __restrict__ W, const T* __restrict__ bias,                        \
+      const int* __restrict__ targets, const float* __restrict__ lse, const float* __restrict__ g_logp,    \
+      const float* __restrict__ g_lse, T* __restrict__ dz, float* __restrict__ dbias_part,                 \
+      float* __restrict__ dbias_acc, T* __restrict__ dbias_out, const __grid_constant__ LogpBwdParams p) {  \
+    ib::logp_bwd_dz_body<T>(p, bias, targets, lse, g_logp, g_lse, dz, dbias_part);                          \
+  }
+/* dbias for one chunk: ascending sum over the chunk's 128-row blocks; the chunk order is the host's */
+#define IB_LOGP_BWD_DBIAS_ENTRY(SUF, T)                                                                     \
+  extern "C" __global__ void __launch_bounds__(256) ib_logp_bwd_dbias_##SUF(                               \
+      const T* H, const T* W, const T* bias, const int* targets, const float* lse, const float* g_logp,    \
+      const float* g_lse, T* dz, const float* __restrict__ dbias_part, float* __restrict__ dbias_acc,      \
+      T* __restrict__ dbias_out, const __grid_constant__ LogpBwdParams p) {                                \
+    const int col = blockIdx.x * 256 + threadIdx.x;                                                         \
+    if (col >= (int)p.vw) return;                                                                           \
+    const int nrb = ib::cdiv((int)p.tw, 128);                                                               \
+    float v = dbias_part[col];                                                                              \
+    for (int rb = 1; rb < nrb; ++rb) v += dbias_part[(size_t)rb * p.ldz + col];                             \
+    const size_t g = (size_t)p.v0 + col;                                                                    \
+    if (p.flags & LOGP_DBIAS_ACC_LOAD) v = dbias_acc[g] + v;                                                \
+    if (p.flags & LOGP_DBIAS_ACC_STORE) dbias_acc[g] = v;                                                   \
+    if (p.flags & LOGP_DBIAS_STORE) dbias_out[g] = ib::from_f32<T>(v);                                      \
+  }
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dz_bf16)
+IB_LOGP_BWD_DZ_ENTRY(bf16, __nv_bfloat16)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dz_f16)
+IB_LOGP_BWD_DZ_ENTRY(f16, __half)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dbias_bf16)
+IB_LOGP_BWD_DBIAS_ENTRY(bf16, __nv_bfloat16)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dbias_f16)
+IB_LOGP_BWD_DBIAS_ENTRY(f16, __half)
+#endif

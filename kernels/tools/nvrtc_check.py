@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Compile every sm_90a entry point (source = common.cuh ++ <kernel>.cu) with NVRTC to a cubin.
+
+Same options the Rust side (cubecl-cuda) uses: --gpu-architecture=sm_90a -lineinfo --include-path=<CUDA include>.
+Works without a GPU: `pip install "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-crt==13.0.*"`.
+Default: each entry point compiled alone, as the Rust side does ("#define IB_SELECT" + "#define IB_ENTRY_<name>"
+prepended), and checked to be exported. --full: each whole file instead (all entry points in one cubin; --out DIR
+writes those cubins for sm90_harness.py --cubin-dir). Exit status 0 only if everything compiles and exports.
+Usage: nvrtc_check.py [--full] [--out DIR] [--ptxas-v] [--verbose]
+"""
+import ctypes
+import glob
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KDIR = os.path.dirname(HERE)
+
+SOURCES = {
+    "gemm_sm90.cu": [f"ib_gemm_{l}{s}_{t}" for t in ("bf16", "f16") for l, s in
+                     (("nn", ""), ("nt", ""), ("tn", ""), ("nn", "_small"), ("nt", "_small"))]
+    + [f"ib_gemm_{l}_{t}_nocluster" for t in ("bf16", "f16") for l in ("nn", "nt", "tn")],
+    "linear_logp_sm90.cu": [f"ib_logp_{k}_{t}" for t in ("bf16", "f16") for k in ("fwd", "bwd_dz", "bwd_dbias")]
+    + ["ib_logp_merge"],
+}
+
+
+def _candidates_lib():
+    out = []
+    try:
+        import nvidia  # wheel namespace package
+        for base in list(nvidia.__path__):
+            out += sorted(glob.glob(os.path.join(base, "cu13", "lib", "libnvrtc.so*")))
+            out += sorted(glob.glob(os.path.join(base, "cuda_nvrtc", "lib", "libnvrtc.so*")))
+    except ImportError:
+        pass
+    for root in (os.environ.get("CUDA_PATH", ""), os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        if root:
+            out += sorted(glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")))
+    return [p for p in out if "builtins" not in p and ".alt." not in p]
+
+
+def _include_dirs():
+    dirs = []
+    try:
+        import nvidia
+        for base in list(nvidia.__path__):
+            for sub in ("cu13/include", "cuda_runtime/include", "cuda_nvrtc/include", "cuda_crt/include"):
+                d = os.path.join(base, sub)
+                if os.path.isdir(d):
+                    dirs.append(d)
+    except ImportError:
+        pass
+    for root in (os.environ.get("CUDA_PATH", ""), os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        d = os.path.join(root, "include") if root else ""
+        if d and os.path.isfile(os.path.join(d, "cuda_bf16.h")):
+            dirs.append(d)
+    # keep the first directory that holds the headers we need
+    good = [d for d in dirs if os.path.isfile(os.path.join(d, "cuda_bf16.h"))]
+    return good[:1] + [d for d in dirs if d not in good[:1]]
+
+
+_lib = None
+
+
+def load_nvrtc():
+    global _lib
+    if _lib is not None:
+        return _lib
+    errs = []
+    for p in _candidates_lib():
+        try:
+            # libnvrtc dlopens its builtins by soname; preload the one beside it so no LD_LIBRARY_PATH is needed
+            for b in sorted(glob.glob(os.path.join(os.path.dirname(p), "libnvrtc-builtins.so*"))):
+                if ".alt." not in b:
+                    ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+            _lib = ctypes.CDLL(p)
+            return _lib
+        except OSError as e:
+            errs.append(f"{p}: {e}")
+    raise RuntimeError("libnvrtc not found: " + "; ".join(errs))
+
+
+def kernel_source(cu_name, entry=None):
+    with open(os.path.join(KDIR, "common.cuh")) as f:
+        common = f.read()
+    with open(os.path.join(KDIR, cu_name)) as f:
+        body = f.read()
+    sel = f"#define IB_SELECT\n#define IB_ENTRY_{entry}\n" if entry else ""
+    return sel + common + "\n" + body  # exactly what the Rust side concatenates
+
+
+def compile_cubin(src, name="kernel.cu", extra=()):
+    """Returns (cubin bytes, log). Raises RuntimeError with the log on failure."""
+    lib = load_nvrtc()
+    prog = ctypes.c_void_p()
+    r = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None)
+    if r != 0:
+        raise RuntimeError(f"nvrtcCreateProgram failed: {r}")
+    inc = _include_dirs()
+    opts = ["--gpu-architecture=sm_90a", "-lineinfo"] + [f"--include-path={d}" for d in inc] + list(extra)
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    r = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    buf = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetProgramLog(prog, buf)
+    log = buf.value.decode(errors="replace")
+    if r != 0:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        raise RuntimeError(f"NVRTC compile of {name} failed ({r}), options {opts}:\n{log}")
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return cubin.raw, log
+
+
+def main():
+    verbose = "--verbose" in sys.argv
+    full = "--full" in sys.argv or "--out" in sys.argv
+    extra = ["--ptxas-options=-v"] if "--ptxas-v" in sys.argv else []
+    out_dir = None
+    if "--out" in sys.argv:
+        out_dir = sys.argv[sys.argv.index("--out") + 1]
+        os.makedirs(out_dir, exist_ok=True)
+    ok = True
+    for cu, entries in SOURCES.items():
+        jobs = [(None, entries)] if full else [(e, [e]) for e in entries]
+        for sel, expect in jobs:
+            label = cu if sel is None else f"{cu}:{sel}"
+            t = time.time()
+            try:
+                cubin, log = compile_cubin(kernel_source(cu, sel), cu, extra)
+            except (RuntimeError, OSError) as e:
+                print(f"FAIL {label}: {e}", flush=True)
+                ok = False
+                continue
+            missing = [e for e in expect if e.encode() + b"\0" not in cubin]
+            others = [e for e in entries if e not in expect and e.encode() + b"\0" in cubin]
+            if missing:
+                print(f"FAIL {label}: entry points missing from cubin: {missing}", flush=True)
+                ok = False
+            else:
+                print(f"OK   {label}: {len(cubin)} bytes cubin, {len(expect)} entry point(s), {time.time()-t:.1f}s"
+                      + (f" (also has {len(others)} unselected)" if others else ""), flush=True)
+            if "C7508" in log or "warning" in log.lower():
+                print(log)
+            elif verbose and log:
+                print(log)
+            if out_dir and sel is None:
+                with open(os.path.join(out_dir, cu.replace(".cu", ".cubin")), "wb") as f:
+                    f.write(cubin)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,629 @@
+#!/usr/bin/env python3
+"""Device harness for the sm_90a kernels (common.cuh ++ gemm_sm90.cu / linear_logp_sm90.cu).
+
+Loads the same sources the Rust side embeds, compiled by NVRTC with the Rust options (or cubins built by
+nvrtc_check.py --out DIR, passed with --cubin-dir), encodes TMA maps with cuTensorMapEncodeTiled and launches
+with cuLaunchKernel through ctypes on libcuda, exactly as the ABI in kernels/README.md says. torch provides
+data, the f32 references and the cuBLAS timings.
+Usage: sm90_harness.py [--cubin-dir D] [--only MODES]   (default MODES = gemm,logp,perf)
+MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timings vs cuBLAS), perfbwd (NT/TN
+and logp-backward parts separately), ksweep (time vs K), prof (one launch each, for ncu), sanitize (small
+shapes through every entry point, for compute-sanitizer). Exit status 1 if any check fails.
+"""
+import ctypes
+import math
+import os
+import struct
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import nvrtc_check  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+ARGS = sys.argv[1:]
+
+
+def arg(name, default=None):
+    return ARGS[ARGS.index(name) + 1] if name in ARGS else default
+
+
+ONLY = set((arg("--only") or "gemm,logp,perf").split(","))
+
+# ----------------------------------------------------------------------------------------------- driver
+torch.cuda.init()
+torch.zeros(1, device="cuda")
+_cu = ctypes.CDLL("libcuda.so.1")
+
+
+def ck(r, what):
+    if r != 0:
+        s = ctypes.c_char_p()
+        _cu.cuGetErrorString(r, ctypes.byref(s))
+        raise RuntimeError(f"{what} failed: {r} {s.value}")
+
+
+_modules = {}
+
+
+def get_module(cu):
+    if cu in _modules:
+        return _modules[cu]
+    d = arg("--cubin-dir")
+    if d and os.path.exists(os.path.join(d, cu.replace(".cu", ".cubin"))):
+        cubin = open(os.path.join(d, cu.replace(".cu", ".cubin")), "rb").read()
+    else:
+        t = time.time()
+        cubin, _ = nvrtc_check.compile_cubin(nvrtc_check.kernel_source(cu), cu)
+        print(f"[nvrtc] {cu} compiled in {time.time()-t:.1f}s", flush=True)
+    mod = ctypes.c_void_p()
+    ck(_cu.cuModuleLoadData(ctypes.byref(mod), cubin), "cuModuleLoadData")
+    _modules[cu] = mod
+    return mod
+
+
+_funcs = {}
+
+
+def get_func(cu, name, smem):
+    key = (cu, name)
+    if key not in _funcs:
+        f = ctypes.c_void_p()
+        ck(_cu.cuModuleGetFunction(ctypes.byref(f), get_module(cu), name.encode()), f"cuModuleGetFunction {name}")
+        ck(_cu.cuFuncSetAttribute(f, 8, smem), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        _funcs[key] = f
+    return _funcs[key]
+
+
+NUM_SMS = torch.cuda.get_device_properties(0).multi_processor_count
+
+
+class Launch:
+    """A prepared cuLaunchKernel call (parameters packed once, as a Rust launcher caching its tensor maps would)."""
+
+    def __init__(self, cu, name, grid, block, smem, buffers, params):
+        self.f = get_func(cu, name, smem)
+        self.grid, self.block, self.smem = grid, block, smem
+        self.vals = [ctypes.c_uint64(b.data_ptr() if b is not None else _dummy.data_ptr()) for b in buffers]
+        self.keep = buffers
+        self.pbuf = ctypes.create_string_buffer(bytes(params), len(params))
+        self.ptrs = (ctypes.c_void_p * (len(self.vals) + 1))(*[ctypes.addressof(v) for v in self.vals],
+                                                             ctypes.addressof(self.pbuf))
+
+    def __call__(self):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        ck(_cu.cuLaunchKernel(self.f, self.grid, 1, 1, self.block, 1, 1, self.smem, stream, self.ptrs, None),
+           "cuLaunchKernel")
+
+
+RECORD = None  # when a list, launch() records prepared launches instead of running them
+
+
+def launch(cu, name, grid, block, smem, buffers, params):
+    """buffers: list of torch tensors (None -> a dummy buffer the kernel never touches); params: Params bytes."""
+    l = Launch(cu, name, grid, block, smem, buffers, params)
+    if RECORD is not None:
+        RECORD.append(l)
+    else:
+        l()
+
+
+def record(fn):
+    global RECORD
+    RECORD = []
+    fn()
+    out, RECORD = RECORD, None
+    return out
+
+
+_dummy = torch.zeros(16, dtype=torch.float32, device="cuda")
+
+
+def tmap(t, rows, cols, ld, base_off=0):
+    """2D row-major [rows, cols] view of t (row stride ld elements) starting base_off elements in:
+    dims {cols, rows}, box {64, 64}, 128B swizzle, zero OOB fill (README: 'Tensor maps')."""
+    assert t.dtype in (torch.bfloat16, torch.float16)
+    buf = ctypes.create_string_buffer(128 + 64)
+    addr = (ctypes.addressof(buf) + 63) & ~63
+    dt = 9 if t.dtype == torch.bfloat16 else 6
+    gdim = (ctypes.c_uint64 * 2)(cols, rows)
+    gstr = (ctypes.c_uint64 * 1)(ld * 2)
+    box = (ctypes.c_uint32 * 2)(64, 64)
+    est = (ctypes.c_uint32 * 2)(1, 1)
+    ck(_cu.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), dt, 2, ctypes.c_void_p(t.data_ptr() + 2 * base_off), gdim,
+                                  gstr, box, est, 0, 3, 3, 0), f"cuTensorMapEncodeTiled dims=({cols},{rows}) ld={ld}")
+    return ctypes.string_at(addr, 128)
+
+
+def sfx(dt):
+    return "bf16" if dt == torch.bfloat16 else "f16"
+
+
+# ------------------------------------------------------------------------------------------------ GEMM
+GEMM_BIAS, GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C = 1, 2, 4, 8
+# variant -> (BM, BN, threads, dynamic smem bytes, cluster size, entry suffix)
+VARIANT = {"big": (128, 256, 384, 1024 + 4 * 49152 + 64, 2, ""),
+           "nocluster": (128, 256, 384, 1024 + 4 * 49152 + 64, 1, "_nocluster"),
+           "small": (64, 64, 256, 1024 + 8 * 16384 + 128, 1, "_small")}
+
+
+def gemm_grid(variant, M, N):
+    BM, BN, _, _, CL, _ = VARIANT[variant]
+    groups = -(-(-(-M // BM)) // CL) * -(-N // BN)
+    return CL * min(groups, NUM_SMS // CL)
+
+
+def gemm(layout, a, b, bias=None, out=None, variant="big", flags=None, cacc=None, c_offset=0, ldc=None, M=None,
+         N=None, K=None):
+    """layout nn: a[M,K] b[K,N]; nt: a[M,K] b[N,K]; tn: a[K,M] b[K,N]. Returns out[M,N] (input dtype)."""
+    if layout == "nn":
+        M_, K_ = a.shape; N_ = b.shape[1]
+    elif layout == "nt":
+        M_, K_ = a.shape; N_ = b.shape[0]
+    else:
+        K_, M_ = a.shape; N_ = b.shape[1]
+    M = M or M_; N = N or N_; K = K or K_
+    if out is None and (flags is None or flags & GEMM_STORE_C):
+        out = torch.full((M, N), float("nan"), dtype=a.dtype, device="cuda")
+    ldc = ldc or N
+    if layout in ("nn", "nt"):
+        ta = tmap(a, M, K, a.stride(0))
+    else:
+        ta = tmap(a, K, M, a.stride(0))
+    if layout == "nt":
+        tb = tmap(b, N, K, b.stride(0))
+    else:
+        tb = tmap(b, K, N, b.stride(0))
+    if flags is None:
+        flags = GEMM_STORE_C | (GEMM_BIAS if bias is not None else 0)
+    params = ta + tb + struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
+    params += b"\0" * (320 - len(params))
+    _, _, thr, smem, _, suf = VARIANT[variant]
+    name = f"ib_gemm_{layout}{'_small' if variant == 'small' else ''}_{sfx(a.dtype)}{suf if variant == 'nocluster' else ''}"
+    launch("gemm_sm90.cu", name, gemm_grid(variant, M, N), thr, smem, [a, b, bias, out, cacc], params)
+    return out
+
+
+def rel(x, ref):
+    x = x.float(); ref = ref.float()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+RESULTS = []
+
+
+def check(name, ok, detail=""):
+    RESULTS.append((name, ok))
+    print(f"[{'PASS' if ok else 'FAIL'}] {name} {detail}", flush=True)
+
+
+def rnd(*shape, dt=torch.bfloat16, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(dt)
+
+
+def test_gemm():
+    torch.manual_seed(0)
+    shapes = [(1, 72, 8), (7, 136, 264), (129, 4104, 1000), (1000, 72, 264), (300, 520, 136), (64, 64, 64),
+              (257, 1024, 520)]
+    for dt in (torch.bfloat16, torch.float16):
+        tol = 1e-2 if dt == torch.bfloat16 else 2e-3
+        for layout in ("nn", "nt", "tn"):
+            for variant in (("big", "nocluster", "small") if layout != "tn" else ("big", "nocluster")):
+                for (M, K, N) in shapes:
+                    if layout == "tn" and M % 8:
+                        M += 8 - M % 8  # TN: A[K,M] row stride M must be a multiple of 8
+                    lhs = rnd(M, K, dt=dt); W = rnd(K, N, dt=dt)
+                    bias = rnd(N, dt=dt) if (M + N) % 2 == 0 else None
+                    if layout == "nn":
+                        out = gemm("nn", lhs, W, bias, variant=variant)
+                    elif layout == "nt":
+                        out = gemm("nt", lhs, W.t().contiguous(), bias, variant=variant)
+                    else:
+                        out = gemm("tn", lhs.t().contiguous(), W, bias, variant=variant)
+                    ref = lhs.float() @ W.float() + (bias.float() if bias is not None else 0)
+                    e = rel(out, ref)
+                    nanfree = not torch.isnan(out).any().item()
+                    check(f"gemm {layout} {variant} {sfx(dt)} M={M} K={K} N={N} bias={bias is not None}",
+                          e < tol and nanfree, f"rel={e:.2e} written={nanfree}")
+        # NT with N not a multiple of 8 (allowed: only K-major operands)
+        lhs = rnd(7, 136, dt=dt); Wt = rnd(13, 136, dt=dt)
+        for variant in ("big", "small"):
+            out = gemm("nt", lhs, Wt, variant=variant)
+            e = rel(out, lhs.float() @ Wt.float().t())
+            check(f"gemm nt {variant} {sfx(dt)} M=7 K=136 N=13", e < tol and not torch.isnan(out).any().item(),
+                  f"rel={e:.2e}")
+
+    # ---- invariance (bf16 and f16)
+    for dt in (torch.bfloat16, torch.float16):
+        for (K, N) in ((4096, 4096), (4104, 1000)):
+            torch.manual_seed(1)
+            X = rnd(4096, K, dt=dt); W = rnd(K, N, dt=dt); bias = rnd(N, dt=dt)
+            full = gemm("nn", X, W, bias)
+            again = gemm("nn", X, W, bias)
+            check(f"determinism nn {sfx(dt)} K={K} N={N}", torch.equal(full, again))
+            nc_full = gemm("nn", X, W, bias, variant="nocluster")
+            check(f"cluster == no-cluster bitwise, M=4096 {sfx(dt)} K={K} N={N}", torch.equal(nc_full, full))
+            small_full = gemm("nn", X, W, bias, variant="small")
+            check(f"small variant == big tile bitwise, M=4096 {sfx(dt)} K={K} N={N}", torch.equal(small_full, full),
+                  f"mismatches={(small_full != full).sum().item()}")
+            ok = True
+            for r in (0, 1, 77, 128, 4095):
+                for v in ("big", "small"):
+                    one = gemm("nn", X[r:r + 1].contiguous(), W, bias, variant=v)
+                    ok &= torch.equal(one[0], full[r])
+            check(f"row alone (M=1, big and small) == row in M=4096 {sfx(dt)} K={K} N={N}", ok)
+            ok = True
+            for v in ("big", "small"):
+                for M in (16, 64):
+                    part = gemm("nn", X[100:100 + M].contiguous(), W, bias, variant=v)
+                    ok &= torch.equal(part, full[100:100 + M])
+            check(f"M=16/64 slices at row 100 == batch {sfx(dt)} K={K} N={N}", ok)
+            pieces = [(0, 1000), (1000, 1001), (1001, 1130), (1130, 4096)]
+            cat = torch.cat([gemm("nn", X[a:b].contiguous(), W, bias) for a, b in pieces])
+            check(f"chunked rows (0:1000,1000:1001,1001:1130,1130:4096) == batch {sfx(dt)} K={K} N={N}",
+                  torch.equal(cat, full))
+            Xp = torch.cat([X, rnd(5, K, dt=dt)])
+            check(f"padded M=4101 first 4096 rows == batch {sfx(dt)} K={K} N={N}",
+                  torch.equal(gemm("nn", Xp, W, bias)[:4096], full))
+            Xr = X.clone(); Xr[2000:] = rnd(2096, K, dt=dt)
+            check(f"other rows' values do not change rows 0..1999 {sfx(dt)} K={K} N={N}",
+                  torch.equal(gemm("nn", Xr, W, bias)[:2000], full[:2000]))
+            # NT (dLhs / logits) invariance
+            Wt = W.t().contiguous()
+            fullt = gemm("nt", X, Wt)
+            ok = all(torch.equal(gemm("nt", X[r:r + 1].contiguous(), Wt, variant=v)[0], fullt[r])
+                     for r in (0, 333, 4095) for v in ("big", "small"))
+            check(f"nt row alone == row in batch (big and small) {sfx(dt)} K={K} N={N}", ok)
+            # TN: appended zero-gradient rows leave dRhs bitwise unchanged; run-to-run deterministic
+            dO = rnd(4096, N, dt=dt)
+            g = gemm("tn", X, dO)
+            Xa = torch.cat([X, rnd(37, K, dt=dt)]); dOa = torch.cat([dO, torch.zeros(37, N, dtype=dt, device="cuda")])
+            check(f"tn appended 37 zero-grad rows bitwise unchanged {sfx(dt)} K={K} N={N}",
+                  torch.equal(gemm("tn", Xa, dOa), g))
+            check(f"tn determinism {sfx(dt)} K={K} N={N}", torch.equal(gemm("tn", X, dO), g))
+            e = rel(g, X.float().t() @ dO.float())
+            check(f"tn M=4096 correctness {sfx(dt)} K={K} N={N}", e < 1e-2, f"rel={e:.2e}")
+    # f32 accumulate modes (used by the linear_logp backward)
+    A1 = rnd(300, 520); B1 = rnd(520, 264); A2 = rnd(300, 136); B2 = rnd(136, 264)
+    acc = torch.full((300, 264), float("nan"), device="cuda")
+    gemm("nn", A1, B1, flags=GEMM_ACC_STORE, cacc=acc, out=_dummy)
+    out = gemm("nn", A2, B2, flags=GEMM_ACC_LOAD | GEMM_STORE_C, cacc=acc)
+    ref = A1.float() @ B1.float() + A2.float() @ B2.float()
+    e = rel(out, ref)
+    check("gemm f32 accumulate chain (ACC_STORE then ACC_LOAD|STORE_C)", e < 1e-2, f"rel={e:.2e}")
+
+
+# --------------------------------------------------------------------------------------------- logp
+SEG = 1024
+LOGP_SMEM = 1024 + 4 * 49152 + 64
+LOGP_BWD_SMEM = 1024 + 4 * 49152 + 8192 + 64
+TOKEN_CHUNK, VOCAB_CHUNK = 4096, 8192
+LOGP_HAS_BIAS, LOGP_HAS_IGNORE = 1, 2
+DB_LOAD, DB_STORE_ACC, DB_STORE = 4, 8, 16
+
+
+def logp_fwd(H, W, targets, bias=None, ignore_index=None):
+    N, D = H.shape; V = W.shape[0]
+    nseg = -(-V // SEG)
+    logp = torch.full((N,), float("nan"), device="cuda"); lse = torch.full((N,), float("nan"), device="cuda")
+    ws = torch.empty((nseg * N * 2,), device="cuda")
+    flags = (LOGP_HAS_BIAS if bias is not None else 0) | (LOGP_HAS_IGNORE if ignore_index is not None else 0)
+    p = tmap(H, N, D, D) + tmap(W, V, D, D) + struct.pack("<IIIIq", N, V, D, flags, ignore_index or 0)
+    p += b"\0" * (320 - len(p))
+    items = -(-(-(-N // 128)) // 2) * nseg  # (row-block pair, segment) items, one per 2-CTA cluster
+    bufs = [H, W, bias, targets, logp, lse, ws]
+    launch("linear_logp_sm90.cu", f"ib_logp_fwd_{sfx(H.dtype)}", 2 * min(items, NUM_SMS // 2), 384, LOGP_SMEM, bufs, p)
+    launch("linear_logp_sm90.cu", "ib_logp_merge", -(-N // 8), 256, 0, bufs, p)
+    return logp, lse
+
+
+def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tchunk=TOKEN_CHUNK,
+             vchunk=VOCAB_CHUNK, ws=None):
+    """Host loop the Rust side must reproduce (README 'linear_logp backward')."""
+    N, D = H.shape; V = W.shape[0]; dt = H.dtype
+    dH = torch.empty_like(H); dW = torch.empty_like(W)
+    db = torch.empty((V,), dtype=dt, device="cuda") if bias is not None else None
+    ntc = -(-N // tchunk); nvc = -(-V // vchunk)
+    dz = torch.empty((min(tchunk, N), vchunk), dtype=dt, device="cuda") if ws is None else ws[0]
+    part = torch.empty((-(-min(tchunk, N) // 128), vchunk), device="cuda") if ws is None else ws[1]
+    dH_acc = torch.empty((N, D), device="cuda") if nvc > 1 else None
+    dW_acc = torch.empty((V, D), device="cuda") if ntc > 1 else None
+    db_acc = torch.empty((V,), device="cuda") if (bias is not None and ntc > 1) else None
+    base = (LOGP_HAS_BIAS if bias is not None else 0) | (LOGP_HAS_IGNORE if ignore_index is not None else 0)
+    for vi in range(nvc):
+        v0 = vi * vchunk; vw = min(vchunk, V - v0)
+        for ti in range(ntc):
+            t0 = ti * tchunk; tw = min(tchunk, N - t0)
+            fl = base
+            if bias is not None:
+                fl |= (DB_LOAD if ti > 0 else 0) | (DB_STORE_ACC if ti < ntc - 1 else 0) | (DB_STORE if ti == ntc - 1 else 0)
+            p = tmap(H, tw, D, D, t0 * D) + tmap(W, vw, D, D, v0 * D) + struct.pack(
+                "<IIIIqIII", tw, vw, D, fl, ignore_index or 0, t0, v0, vchunk)
+            p += b"\0" * (320 - len(p))
+            bufs = [H, W, bias, targets, lse, g_logp, g_lse, dz, part, db_acc, db]
+            tiles = -(-(-(-tw // 128)) // 2) * -(-vw // 256)  # (row-block pair, vocab tile), one per cluster
+            launch("linear_logp_sm90.cu", f"ib_logp_bwd_dz_{sfx(dt)}", 2 * min(tiles, NUM_SMS // 2), 384, LOGP_BWD_SMEM, bufs, p)
+            if bias is not None:
+                launch("linear_logp_sm90.cu", f"ib_logp_bwd_dbias_{sfx(dt)}", -(-vw // 256), 256, 0, bufs, p)
+            # dH[t0:t0+tw] (+)= dz . W[v0:v0+vw]       (NN, reduction over this vocab chunk)
+            fh = (GEMM_ACC_LOAD if vi > 0 else 0) | (GEMM_ACC_STORE if vi < nvc - 1 else 0) | (GEMM_STORE_C if vi == nvc - 1 else 0)
+            gemm_raw("nn", dz, tmap(dz, tw, vw, vchunk), tmap(W, vw, D, D, v0 * D), tw, D, vw, fh, dH, dH_acc, t0 * D, D)
+            # dW[v0:v0+vw] (+)= dz^T . H[t0:t0+tw]     (TN, reduction over this token chunk)
+            fw = (GEMM_ACC_LOAD if ti > 0 else 0) | (GEMM_ACC_STORE if ti < ntc - 1 else 0) | (GEMM_STORE_C if ti == ntc - 1 else 0)
+            gemm_raw("tn", dz, tmap(dz, tw, vw, vchunk), tmap(H, tw, D, D, t0 * D), vw, D, tw, fw, dW, dW_acc, v0 * D, D)
+    return dH, dW, db
+
+
+def gemm_raw(layout, like, ta, tb, M, N, K, flags, out, cacc, c_offset, ldc):
+    params = ta + tb + struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
+    params += b"\0" * (320 - len(params))
+    launch("gemm_sm90.cu", f"ib_gemm_{layout}_{sfx(like.dtype)}", gemm_grid("big", M, N), 384, VARIANT["big"][3],
+           [like, like, None, out, cacc], params)
+
+
+def ref_logp(H, W, targets, bias=None, ignore_index=None):
+    z = H.float() @ W.float().t()
+    if bias is not None:
+        z = z + bias.float()
+    lse = torch.logsumexp(z, dim=1)
+    t = targets.long().clamp(0, W.shape[0] - 1)
+    lp = z.gather(1, t[:, None])[:, 0] - lse
+    if ignore_index is not None:
+        lp = torch.where(targets.long() == ignore_index, torch.zeros_like(lp), lp)
+    return lp, lse
+
+
+def test_logp():
+    torch.manual_seed(2)
+    for dt in (torch.bfloat16, torch.float16):
+        for (N, D, V, use_bias, ign) in [(1, 72, 1000, True, None), (7, 136, 8, False, None), (129, 264, 50257, True, -100),
+                                         (300, 512, 4100, False, 5), (1000, 2048, 32768, True, None)]:
+            H = rnd(N, D, dt=dt); W = rnd(V, D, dt=dt, scale=0.1); b = rnd(V, dt=dt) if use_bias else None
+            tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+            if ign is not None:
+                tg[::3] = ign
+            lp, lse = logp_fwd(H, W, tg, b, ign)
+            rlp, rlse = ref_logp(H, W, tg, b, ign)
+            e1 = (lp - rlp).abs().max().item(); e2 = (lse - rlse).abs().max().item()
+            check(f"logp fwd {sfx(dt)} N={N} D={D} V={V} bias={use_bias} ignore={ign}", e1 < 2e-3 and e2 < 2e-3,
+                  f"max|dlogp|={e1:.2e} max|dlse|={e2:.2e}")
+            # backward
+            gl = torch.randn(N, device="cuda"); gs = torch.randn(N, device="cuda") * 0.3
+            dH, dW, db = logp_bwd(H, W, tg, lse, gl, gs, b, ign)
+            Hf = H.float().requires_grad_(); Wf = W.float().requires_grad_()
+            bf = b.float().requires_grad_() if b is not None else None
+            z = Hf @ Wf.t() + (bf if bf is not None else 0)
+            l2 = torch.logsumexp(z, 1)
+            t = tg.long().clamp(0, V - 1)
+            lp2 = z.gather(1, t[:, None])[:, 0] - l2
+            if ign is not None:
+                lp2 = torch.where(tg.long() == ign, torch.zeros_like(lp2), lp2)
+            (lp2 * gl + l2 * gs).sum().backward()
+            errs = [rel(dH, Hf.grad), rel(dW, Wf.grad)] + ([rel(db, bf.grad)] if b is not None else [])
+            check(f"logp bwd {sfx(dt)} N={N} D={D} V={V} bias={use_bias} ignore={ign}", max(errs) < 2e-2,
+                  "rel dH,dW,db=" + ",".join(f"{x:.2e}" for x in errs))
+    # invariance (bf16): rows alone, chunked, padded; multi-chunk backward; dW appended zero-grad rows
+    N, D, V = 4096, 1024, 20000
+    H = rnd(N, D); W = rnd(V, D, scale=0.1); b = rnd(V)
+    tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+    lp, lse = logp_fwd(H, W, tg, b)
+    lp2, lse2 = logp_fwd(H, W, tg, b)
+    check("logp fwd determinism", torch.equal(lp, lp2) and torch.equal(lse, lse2))
+    ok = all(torch.equal(torch.stack(logp_fwd(H[r:r + 1].contiguous(), W, tg[r:r + 1], b))[:, 0],
+                         torch.stack([lp[r], lse[r]])) for r in (0, 1, 130, 4095))
+    check("logp fwd row alone == row in N=4096", ok)
+    pieces = [(0, 1000), (1000, 1001), (1001, 4096)]
+    outs = [logp_fwd(H[a:c].contiguous(), W, tg[a:c].contiguous(), b) for a, c in pieces]
+    check("logp fwd chunked == batch", torch.equal(torch.cat([o[0] for o in outs]), lp) and
+          torch.equal(torch.cat([o[1] for o in outs]), lse))
+    gl = torch.randn(N, device="cuda"); gs = torch.randn(N, device="cuda") * 0.3
+    dH, dW, db = logp_bwd(H, W, tg, lse, gl, gs, b)
+    ok = all(torch.equal(logp_bwd(H[r:r + 1].contiguous(), W, tg[r:r + 1], lse[r:r + 1], gl[r:r + 1], gs[r:r + 1], b)[0][0],
+                         dH[r]) for r in (0, 77, 4095))
+    check("logp bwd dHidden row alone == row in N=4096", ok)
+    dH2, dW2, db2 = logp_bwd(H, W, tg, lse, gl, gs, b)
+    check("logp bwd determinism", torch.equal(dH, dH2) and torch.equal(dW, dW2) and torch.equal(db, db2))
+    # appended rows with zero upstream gradient: dW, dbias unchanged; with a small token chunk (several chunks)
+    Ha = torch.cat([H, rnd(50, D)]); tga = torch.cat([tg, torch.randint(0, V, (50,), device="cuda", dtype=torch.int32)])
+    lsea = torch.cat([lse, torch.zeros(50, device="cuda")])
+    z50 = torch.zeros(50, device="cuda")
+    for tc in (TOKEN_CHUNK, 1024):
+        r0 = logp_bwd(H, W, tg, lse, gl, gs, b, tchunk=tc)
+        r1 = logp_bwd(Ha, W, tga, lsea, torch.cat([gl, z50]), torch.cat([gs, z50]), b, tchunk=tc)
+        check(f"logp bwd appended 50 zero-grad rows: dW, dbias bitwise unchanged (token chunk {tc})",
+              torch.equal(r0[1], r1[1]) and torch.equal(r0[2], r1[2]) and torch.equal(r0[0], r1[0][:N]))
+    r = logp_bwd(H, W, tg, lse, gl, gs, b, tchunk=1024)
+    errs = [rel(r[0], dH), rel(r[1], dW), rel(r[2], db)]
+    check("logp bwd token chunk 1024 (4 chunks, f32 accumulators) close to 1 chunk", max(errs) < 1e-2,
+          ",".join(f"{x:.1e}" for x in errs))
+    # invalid targets: no crash, NaN logp
+    tgb = tg[:8].clone(); tgb[0] = -7; tgb[1] = V + 5
+    lpb, lseb = logp_fwd(H[:8].contiguous(), W, tgb, b)
+    torch.cuda.synchronize()
+    check("logp out-of-range targets -> NaN logp, finite lse, no fault",
+          bool(torch.isnan(lpb[:2]).all().item()) and bool(torch.isfinite(lseb).all().item()) and
+          bool(torch.isfinite(lpb[2:]).all().item()))
+
+
+# --------------------------------------------------------------------------------------------- perf
+def bench(fn, iters=15, reps=None):
+    """Median over `iters` samples of (events around `reps` back-to-back calls) / reps, after warm-up."""
+    fn(); torch.cuda.synchronize()
+    if reps is None:  # aim for >= ~2 ms per sample so host launch overhead is hidden behind queued work
+        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); e.synchronize()
+        reps = max(1, min(200, int(2.0 / max(s.elapsed_time(e), 1e-3))))
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record(); e.synchronize()
+        ts.append(s.elapsed_time(e) / reps)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def bench_pair(fa, fb, rounds=4, iters=5):
+    """Alternate the two measurements (drift and clock changes hit both); medians over all samples."""
+    ta, tb = [], []
+    for _ in range(rounds):
+        ta.append(bench(fa, iters=iters)); tb.append(bench(fb, iters=iters))
+    ta.sort(); tb.sort()
+    return ta[len(ta) // 2], tb[len(tb) // 2]
+
+
+def runner(launches):
+    def go():
+        for l in launches:
+            l()
+    return go
+
+
+PERF = []
+
+
+def perf():
+    dt = torch.bfloat16
+    print("\n== GEMM bf16 M=4096 (NN forward) ==", flush=True)
+    for (K, N) in ((4096, 12288), (4096, 4096), (4096, 14336), (14336, 4096), (4096, 32000)):
+        M = 4096
+        A = rnd(M, K); B = rnd(K, N); out = torch.empty(M, N, dtype=dt, device="cuda")
+        t_ours, t_cb = bench_pair(runner(record(lambda: gemm("nn", A, B, out=out))), lambda: torch.matmul(A, B))
+        t_nocl = bench(runner(record(lambda: gemm("nn", A, B, out=out, variant="nocluster"))))
+        fl = 2 * M * N * K
+        PERF.append(("gemm nn", f"M={M} K={K} N={N}", t_ours, t_cb, fl))
+        PERF.append(("gemm nn without clusters (experiment)", f"M={M} K={K} N={N}", t_nocl, t_cb, fl))
+        # backward: dLhs = dO . B^T (NT), dRhs = A^T . dO (TN)
+        dO = rnd(M, N); Bt = B  # B[K,N] is the NT right operand viewed as [N', K'] = [K, N]
+        t_b, t_bc = bench_pair(runner(record(lambda: (gemm("nt", dO, Bt), gemm("tn", A, dO)))),
+                               lambda: (torch.matmul(dO, B.t()), torch.matmul(A.t(), dO)))
+        PERF.append(("gemm bwd nt+tn", f"M={M} K={K} N={N}", t_b, t_bc, 2 * fl))
+    print("== decode (small variant) ==", flush=True)
+    for (K, N) in ((4096, 12288), (4096, 4096), (4096, 14336), (14336, 4096), (4096, 32000)):
+        B = rnd(K, N)
+        for M in (1, 16, 64):
+            A = rnd(M, K); out = torch.empty(M, N, dtype=dt, device="cuda")
+            t_ours, t_cb = bench_pair(runner(record(lambda: gemm("nn", A, B, out=out, variant="small"))),
+                                      lambda: torch.matmul(A, B))
+            PERF.append(("gemm nn small", f"M={M} K={K} N={N}", t_ours, t_cb, 2 * M * N * K))
+    print("== linear_logp N=4096 D=2048 ==", flush=True)
+    N, D = 4096, 2048
+    dz = torch.empty((TOKEN_CHUNK, VOCAB_CHUNK), dtype=dt, device="cuda")
+    part = torch.empty((TOKEN_CHUNK // 128, VOCAB_CHUNK), device="cuda")
+    for V in (32768, 50257, 131072):
+        H = rnd(N, D); W = rnd(V, D, scale=0.05); tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+        Vr = -(-V // 128) * 128
+        Wg = rnd(D, Vr)
+        t_f, t_g = bench_pair(runner(record(lambda: logp_fwd(H, W, tg))), lambda: torch.matmul(H, Wg))
+        lp, lse = logp_fwd(H, W, tg)
+        gl = torch.randn(N, device="cuda"); gs = torch.randn(N, device="cuda") * 0.3
+        t_fb, t_g4 = bench_pair(runner(record(lambda: (logp_fwd(H, W, tg), logp_bwd(H, W, tg, lse, gl, gs, ws=(dz, part))))),
+                                lambda: [torch.matmul(H, Wg) for _ in range(4)], rounds=3, iters=3)
+        PERF.append(("logp fwd", f"N={N} D={D} V={V}", t_f, t_g, 2 * N * D * V))
+        PERF.append(("logp fwd+bwd", f"N={N} D={D} V={V} (vs 4 GEMMs)", t_fb, t_g4, 8 * N * D * V))
+        del W, Wg
+    print("\n| case | shape | ours ms | TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | ours/cuBLAS time |")
+    print("|---|---|---|---|---|---|---|")
+    for (k, s, t, tc, fl) in PERF:
+        print(f"| {k} | {s} | {t:.4f} | {fl/t/1e9:.0f} | {tc:.4f} | {fl/tc/1e9:.0f} | {t/tc:.3f} |", flush=True)
+
+
+def prof():
+    """One launch of each kernel worth profiling (run under ncu)."""
+    A = rnd(4096, 4096); B = rnd(4096, 12288)
+    gemm("nn", A, B); torch.matmul(A, B)
+    B = rnd(4096, 4096)
+    a1 = rnd(1, 4096)
+    gemm("nn", a1, B, variant="small"); torch.matmul(a1, B)
+    H = rnd(4096, 2048); W = rnd(32768, 2048, scale=0.05); tg = torch.randint(0, 32768, (4096,), device="cuda", dtype=torch.int32)
+    lp, lse = logp_fwd(H, W, tg)
+    logp_bwd(H, W, tg, lse, torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda"), vchunk=8192)
+    torch.cuda.synchronize()
+
+
+def perf_bwd_split():
+    """NT and TN separately, each against the same cuBLAS product."""
+    print("\n| part | shape | ours ms | cuBLAS ms | ours/cuBLAS time |\n|---|---|---|---|---|")
+    for (K, N) in ((4096, 12288), (4096, 4096), (4096, 14336), (14336, 4096), (4096, 32000)):
+        M = 4096
+        A = rnd(M, K); B = rnd(K, N); dO = rnd(M, N)
+        for part, ours, ref in (("nt dLhs", lambda: gemm("nt", dO, B), lambda: torch.matmul(dO, B.t())),
+                                ("tn dRhs", lambda: gemm("tn", A, dO), lambda: torch.matmul(A.t(), dO))):
+            t = bench(runner(record(ours))); tc = bench(ref)
+            print(f"| {part} | M={M} K={K} N={N} | {t:.4f} | {tc:.4f} | {t/tc:.3f} |", flush=True)
+    N, D, V = 4096, 2048, 32768
+    H = rnd(N, D); W = rnd(V, D, scale=0.05); tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+    lp, lse = logp_fwd(H, W, tg)
+    gl = torch.randn(N, device="cuda"); gs = torch.randn(N, device="cuda") * 0.3
+    L = record(lambda: logp_bwd(H, W, tg, lse, gl, gs))
+    names = {}
+    for l in L:
+        names.setdefault(id(l.f), []).append(l)
+    Wg = rnd(D, 8192)
+    tc = bench(lambda: torch.matmul(H, Wg))
+    for k, ls in names.items():
+        t = bench(runner(ls))
+        print(f"| logp bwd part (x{len(ls)} launches, grid {ls[0].grid}) | N={N} D={D} V={V} | {t:.4f} | {tc*len(ls):.4f} | {t/(tc*len(ls)):.3f} |", flush=True)
+
+
+def ksweep():
+    """Per-tile fixed cost: time vs K at fixed M=N=4096 (512 tiles), with and without epilogue stores."""
+    print("\n| variant | K | ms | us per tile-round | stores off ms | cuBLAS ms |\n|---|---|---|---|---|---|")
+    for v in ("big", "nocluster"):
+        for K in (64, 512, 1024, 2048, 4096, 8192):
+            A = rnd(4096, K); B = rnd(K, 4096); out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+            t = bench(runner(record(lambda: gemm("nn", A, B, out=out, variant=v))))
+            t0 = bench(runner(record(lambda: gemm("nn", A, B, out=out, variant=v, flags=0))))
+            tc = bench(lambda: torch.matmul(A, B))
+            print(f"| {v} | {K} | {t:.4f} | {t*1000/4:.2f} | {t0:.4f} | {tc:.4f} |", flush=True)
+
+
+def sanitize():
+    """Small shapes through every entry point, for compute-sanitizer (memcheck / racecheck)."""
+    torch.manual_seed(3)
+    for dt in (torch.bfloat16, torch.float16):
+        for (M, K, N) in ((7, 136, 264), (129, 72, 1000)):
+            A = rnd(M, K, dt=dt); B = rnd(K, N, dt=dt); bias = rnd(N, dt=dt)
+            for v in ("big", "nocluster", "small"):
+                gemm("nn", A, B, bias, variant=v); gemm("nt", A, B.t().contiguous(), bias, variant=v)
+            for v in ("big", "nocluster"):
+                gemm("tn", rnd(K, 136, dt=dt), B, bias, variant=v)
+        N, D, V = 129, 136, 1300
+        H = rnd(N, D, dt=dt); W = rnd(V, D, dt=dt); b = rnd(V, dt=dt)
+        tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32); tg[0] = -100; tg[1] = V + 3
+        lp, lse = logp_fwd(H, W, tg, b, -100)
+        logp_bwd(H, W, tg, lse, torch.randn(N, device="cuda"), torch.randn(N, device="cuda"), b, -100, tchunk=128, vchunk=512)
+    torch.cuda.synchronize()
+    print("[PASS] sanitize workload ran", flush=True)
+
+
+if __name__ == "__main__":
+    print(torch.cuda.get_device_name(0), "SMs", NUM_SMS, "torch", torch.__version__, flush=True)
+    if "sanitize" in ONLY:
+        sanitize()
+    if "prof" in ONLY:
+        prof()
+    if "gemm" in ONLY:
+        test_gemm()
+    if "logp" in ONLY:
+        test_logp()
+    if "perf" in ONLY:
+        perf()
+    if "ksweep" in ONLY:
+        ksweep()
+    if "perfbwd" in ONLY:
+        perf_bwd_split()
+    torch.cuda.synchronize()
+    nf = sum(1 for _, ok in RESULTS if not ok)
+    print(f"SUMMARY: {len(RESULTS) - nf} PASS, {nf} FAIL", flush=True)
+    sys.exit(1 if nf else 0)

@@ -1,0 +1,191 @@
+//! Tensor-parallel (vocabulary-sharded) `linear_logp` (SPEC §5).
+//!
+//! Each rank holds `weight[start..end, :]` (and that slice of the bias), the full `hidden`,
+//! the global `targets` and a [`Collective`] handle; every rank returns the same `logp` and
+//! `lse` for all N rows.
+//!
+//! ```ignore
+//! let groups = InProcessGroup::new(world);           // or an NCCL group, one per GPU
+//! // on rank r, in its own thread:
+//! let shard = VocabShard::split(r, world, v_global);
+//! let (logp, lse) = tp::linear_logp_with_lse(hidden, weight_shard, targets, bias_shard,
+//!                                           &shard, &groups[r], &options)?;
+//! ```
+//!
+//! # Algorithm and the TP-size invariance rule
+//! - The vocabulary is cut into [`SEGMENTS`] = 8 segments by [`segment_bounds`], a function of
+//!   `V_global` only. A *leaf* is a segment, or the piece of a segment a rank holds when a
+//!   shard boundary cuts it. Each leaf is one call of the single-rank primitive on that slice
+//!   of the weight (targets outside the leaf become ignored), so it walks its tiles in
+//!   ascending order and its result does not depend on the rank that runs it.
+//! - Leaf `lse`s are combined in one fixed binary tree over the segments (halving:
+//!   `[0,8) = [0,4) ⊕ [4,8)`, …) with `a ⊕ b = max + ln(1 + exp(−|a − b|))`. A rank evaluates
+//!   the largest tree nodes inside its shard; one all-gather exchanges them, and every rank
+//!   evaluates the upper levels of the same tree. The target's `logp` comes from the leaf
+//!   that owns it: `logp = logp_leaf + (lse_leaf − lse)`.
+//! - Backward: each leaf recomputes its logits with the **global** `lse`; rows whose target
+//!   lies elsewhere get `dz = (dLse − dLogp)·p`. `dHidden` leaf partials (f32) are added in the
+//!   same tree, exchanged with one all-gather; `dWeight`/`dBias` stay local.
+//! - With shards on segment boundaries and world sizes 1, 2, 4 or 8 (each rank holding
+//!   `8 / world` consecutive segments, [`VocabShard::split`]), every rank's contribution is a
+//!   node of the one tree, so `logp`, `lse` and `dHidden` are **bitwise identical across these
+//!   world sizes**. Other shardings (uneven, cut segments, world 3) are correct to rounding
+//!   but not bitwise comparable with other world sizes. `tp::linear_logp` need not match the
+//!   single-rank [`crate::linear_logp`] bitwise (its order differs), only within rounding.
+//! - `dHidden` leaf partials come out of the primitive in `hidden`'s dtype before the f32 tree
+//!   sum: for bf16/f16 hidden that is one rounding per leaf.
+//!
+//! # Validation is collective
+//! Before any compute, every rank checks its own inputs (SPEC §7, plus its shard against
+//! `weight`), then the ranks exchange one small host table and every rank derives the same
+//! verdict: shards contiguous in rank order and covering `[0, V_global)`, the same N, D,
+//! `V_global`, dtype, bias presence, options, implementation and `hidden.requires_grad` on
+//! every rank, identical targets (a hash, from the same single host read as the range check;
+//! skipped with `skip_target_check`), every target in `[0, V_global)` or ignored (so owned by
+//! exactly one rank). Any failure is the **same** [`InvariantError`] on every rank
+//! ([`InvariantError::RankFailed`] carries a rank's own error as text). `hidden` itself is
+//! assumed equal on every rank (not checked: that would need a host read of `[N, D]`).
+//!
+//! # Autodiff
+//! Works for `B` and `Autodiff<B>`. The backward exchanges `dHidden` through the group, so
+//! every rank must run the backward of the call (validation makes sure that all or none of
+//! the ranks need `dHidden`). A collective failure inside the backward panics with the
+//! error (a backward step cannot return one); the group's timeout bounds the wait.
+mod autodiff;
+mod check;
+mod collective;
+mod engine;
+mod in_process;
+mod plan;
+
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+pub use collective::Collective;
+pub use in_process::{DEFAULT_TIMEOUT, InProcessGroup};
+pub use plan::{Plan, SEGMENT_ALIGN, SEGMENTS, segment_bounds};
+
+pub(crate) use autodiff::forward as autodiff_forward;
+pub(crate) use engine::forward as engine_forward;
+
+use crate::backend::LinearLogpInputs;
+use crate::{InvariantBackend, InvariantError, LinearLogpOptions};
+
+/// The vocabulary rows `[start, end)` of `[0, global_vocab)` that one rank holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VocabShard {
+    /// First row (inclusive).
+    pub start: usize,
+    /// Last row (exclusive).
+    pub end: usize,
+    /// `V_global`.
+    pub global_vocab: usize,
+}
+
+impl VocabShard {
+    /// `[start, end)` of `[0, global_vocab)`.
+    pub fn new(start: usize, end: usize, global_vocab: usize) -> Self {
+        Self {
+            start,
+            end,
+            global_vocab,
+        }
+    }
+
+    /// Rows in the shard.
+    pub fn len(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+
+    /// Whether the shard holds no row (invalid for `tp::linear_logp`).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rank `rank`'s shard of `world`: `8 / world` consecutive segments when `world` divides
+    /// [`SEGMENTS`] and no shard would be empty (the TP-size-invariant layout), otherwise rows
+    /// split as evenly as possible (`⌊r·V/world⌋`).
+    pub fn split(rank: usize, world: usize, global_vocab: usize) -> Self {
+        assert!(
+            rank < world,
+            "VocabShard::split: rank {rank} ≥ world {world}"
+        );
+        let bounds = segment_bounds(global_vocab);
+        if SEGMENTS.is_multiple_of(world) {
+            let per = SEGMENTS / world;
+            let aligned = |r: usize| (bounds[r * per], bounds[(r + 1) * per]);
+            if (0..world).all(|r| aligned(r).0 < aligned(r).1) {
+                let (start, end) = aligned(rank);
+                return Self::new(start, end, global_vocab);
+            }
+        }
+        let at = |r: usize| (r as u128 * global_vocab as u128 / world as u128) as usize;
+        Self::new(at(rank), at(rank + 1), global_vocab)
+    }
+
+    /// The rows as a range.
+    pub fn range(&self) -> core::ops::Range<usize> {
+        self.start..self.end
+    }
+}
+
+/// Tensor-parallel [`crate::linear_logp`]: `log_softmax(hidden · Wᵀ + b)[i, targets[i]]` over
+/// the global vocabulary, f32 `[N]`, the same on every rank. `weight [end − start, D]` and
+/// `bias [end − start]` are this rank's shard; `hidden [N, D]` and `targets [N]` are global.
+/// Differentiable w.r.t. hidden (combined over ranks), weight and bias (this shard).
+pub fn linear_logp<B, G>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    shard: &VocabShard,
+    group: &G,
+    options: &LinearLogpOptions,
+) -> Result<Tensor<B, 1>, InvariantError>
+where
+    B: InvariantBackend,
+    G: Collective<B> + Clone + 'static,
+{
+    linear_logp_with_lse(hidden, weight, targets, bias, shard, group, options).map(|(l, _)| l)
+}
+
+/// [`linear_logp`] that also returns the global `lse[i] = logsumexp_j z[i, j]`; both f32 `[N]`,
+/// both differentiable.
+pub fn linear_logp_with_lse<B, G>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    shard: &VocabShard,
+    group: &G,
+    options: &LinearLogpOptions,
+) -> Result<(Tensor<B, 1>, Tensor<B, 1>), InvariantError>
+where
+    B: InvariantBackend,
+    G: Collective<B> + Clone + 'static,
+{
+    let (plan, implementation) = check::collective(
+        &check::RankInputs {
+            hidden: &hidden,
+            weight: &weight,
+            targets: &targets,
+            bias: bias.as_ref(),
+            shard,
+            options,
+        },
+        group,
+    )?;
+    let n = hidden.dims()[0];
+    let inputs = LinearLogpInputs {
+        hidden: hidden.into_primitive().tensor(),
+        weight: weight.into_primitive().tensor(),
+        bias: bias.map(|b| b.into_primitive().tensor()),
+        targets: targets.into_primitive(),
+        ignore_index: options.ignore_index,
+    };
+    let stats: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(
+        B::invariant_tp_linear_logp(inputs, &plan, group, implementation)?,
+    ));
+    let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
+    let lse = stats.slice([0..n, 1..2]).reshape([n]);
+    Ok((logp, lse))
+}

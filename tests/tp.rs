@@ -1,0 +1,790 @@
+//! Tensor-parallel `linear_logp` on NdArray with the in-process group: TP-size invariance
+//! (bitwise), agreement with the single-rank API (tolerance), collective validation (the same
+//! error on every rank, in bounded time).
+#[allow(unused_macros)] // the generic suite macro is not used here
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use burn::tensor::{DType, Tensor};
+use burn_invariant::tp::{self, InProcessGroup, VocabShard, segment_bounds};
+use burn_invariant::{InvariantError, LinearLogpOptions};
+use common::{Rng, assert_bits_eq, float, ints};
+
+type B = burn::backend::NdArray<f32>;
+type AD = burn::backend::Autodiff<B>;
+
+/// Per-test watchdog: a rank that hangs fails the test instead of blocking CI.
+const WATCHDOG: Duration = Duration::from_secs(120);
+const IGNORE: i64 = -100;
+
+/// Runs `f(rank, group)` on one thread per rank; results in rank order.
+fn on_ranks<T: Send + 'static>(
+    groups: Vec<InProcessGroup>,
+    f: impl Fn(usize, InProcessGroup) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let world = groups.len();
+    let f = Arc::new(f);
+    let (tx, rx) = mpsc::channel();
+    for (rank, group) in groups.into_iter().enumerate() {
+        let (f, tx) = (f.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let out = catch_unwind(AssertUnwindSafe(|| f(rank, group)));
+            let _ = tx.send((rank, out.map_err(|e| panic_message(&e))));
+        });
+    }
+    let deadline = Instant::now() + WATCHDOG;
+    let mut results: Vec<Option<T>> = (0..world).map(|_| None).collect();
+    for _ in 0..world {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (rank, out) = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("watchdog: a rank did not finish within {WATCHDOG:?}"));
+        results[rank] = Some(out.unwrap_or_else(|msg| panic!("rank {rank} panicked: {msg}")));
+    }
+    results.into_iter().map(Option::unwrap).collect()
+}
+
+fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// Host data of one problem; every rank builds its tensors from it.
+#[derive(Clone)]
+struct Problem {
+    n: usize,
+    d: usize,
+    v: usize,
+    hidden: Vec<f32>,
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    targets: Vec<i64>,
+    g_logp: Vec<f32>,
+    g_lse: Vec<f32>,
+    options: LinearLogpOptions,
+}
+
+fn problem(
+    [n, d, v]: [usize; 3],
+    with_bias: bool,
+    ignore_every: Option<usize>,
+    seed: u64,
+) -> Problem {
+    let mut rng = Rng::new(seed);
+    let scale = 3.0 / (d as f32).sqrt();
+    let targets = (0..n)
+        .map(|i| match ignore_every {
+            Some(every) if i % every == every - 1 => IGNORE,
+            _ => rng.below(v) as i64,
+        })
+        .collect();
+    Problem {
+        n,
+        d,
+        v,
+        hidden: rng.vec(n * d, 1.0),
+        weight: rng.vec(v * d, scale),
+        bias: with_bias.then(|| rng.vec(v, 1.0)),
+        targets,
+        g_logp: rng.vec(n, 1.0),
+        g_lse: rng.vec(n, 1.0),
+        options: LinearLogpOptions {
+            ignore_index: ignore_every.map(|_| IGNORE),
+            ..Default::default()
+        },
+    }
+}
+
+/// One rank's results, as host values.
+#[derive(Debug, Clone)]
+struct RankOut {
+    logp: Vec<f32>,
+    lse: Vec<f32>,
+    hidden: Vec<f32>,
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+fn host(t: Tensor<B, 1>) -> Vec<f32> {
+    t.into_data().to_vec().unwrap()
+}
+
+fn host2(t: Tensor<B, 2>) -> Vec<f32> {
+    t.into_data().to_vec().unwrap()
+}
+
+fn bits_of(v: &[f32]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits() as u64).collect()
+}
+
+/// Forward and backward of `Σ g_logp·logp + g_lse·lse` on one rank, under `Autodiff`.
+fn rank_run(p: &Problem, shard: VocabShard, group: &InProcessGroup) -> RankOut {
+    let device = Default::default();
+    let rows = shard.range();
+    let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32).require_grad();
+    let weight = float::<AD, 2>(
+        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
+        [shard.len(), p.d],
+        &device,
+        DType::F32,
+    )
+    .require_grad();
+    let bias = p.bias.as_ref().map(|b| {
+        float::<AD, 1>(b[rows.clone()].to_vec(), [shard.len()], &device, DType::F32).require_grad()
+    });
+    let (logp, lse) = tp::linear_logp_with_lse(
+        hidden.clone(),
+        weight.clone(),
+        ints::<AD>(p.targets.clone(), &device),
+        bias.clone(),
+        &shard,
+        group,
+        &p.options,
+    )
+    .expect("tp::linear_logp_with_lse");
+    let g_logp = float::<AD, 1>(p.g_logp.clone(), [p.n], &device, DType::F32);
+    let g_lse = float::<AD, 1>(p.g_lse.clone(), [p.n], &device, DType::F32);
+    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
+        .sum()
+        .backward();
+    RankOut {
+        logp: host(logp.inner()),
+        lse: host(lse.inner()),
+        hidden: host2(hidden.grad(&grads).expect("hidden grad")),
+        weight: host2(weight.grad(&grads).expect("weight grad")),
+        bias: bias.map(|b| host(b.grad(&grads).expect("bias grad"))),
+    }
+}
+
+fn run_tp(p: &Problem, shards: &[VocabShard]) -> Vec<RankOut> {
+    let p = Arc::new(p.clone());
+    let shards = shards.to_vec();
+    on_ranks(InProcessGroup::new(shards.len()), move |rank, group| {
+        rank_run(&p, shards[rank], &group)
+    })
+}
+
+fn split(world: usize, v: usize) -> Vec<VocabShard> {
+    (0..world).map(|r| VocabShard::split(r, world, v)).collect()
+}
+
+fn cuts(v: usize, cuts: &[usize]) -> Vec<VocabShard> {
+    let mut edges = vec![0];
+    edges.extend_from_slice(cuts);
+    edges.push(v);
+    edges
+        .windows(2)
+        .map(|w| VocabShard::new(w[0], w[1], v))
+        .collect()
+}
+
+/// Every rank returned the same logp, lse and dHidden, bit for bit.
+fn assert_ranks_agree(what: &str, outs: &[RankOut]) {
+    for (rank, out) in outs.iter().enumerate().skip(1) {
+        assert_bits_eq(
+            &format!("{what}: logp rank {rank} vs 0"),
+            &bits_of(&out.logp),
+            &bits_of(&outs[0].logp),
+        );
+        assert_bits_eq(
+            &format!("{what}: lse rank {rank} vs 0"),
+            &bits_of(&out.lse),
+            &bits_of(&outs[0].lse),
+        );
+        assert_bits_eq(
+            &format!("{what}: dHidden rank {rank} vs 0"),
+            &bits_of(&out.hidden),
+            &bits_of(&outs[0].hidden),
+        );
+    }
+}
+
+fn concat_weight(outs: &[RankOut]) -> Vec<f32> {
+    outs.iter().flat_map(|o| o.weight.iter().copied()).collect()
+}
+
+fn concat_bias(outs: &[RankOut]) -> Option<Vec<f32>> {
+    outs[0].bias.as_ref()?;
+    Some(
+        outs.iter()
+            .flat_map(|o| o.bias.clone().unwrap_or_default())
+            .collect(),
+    )
+}
+
+#[test]
+fn segment_aligned_tp_is_bitwise_invariant_across_world_sizes() {
+    // V = 600: segments of 75 rows; V = 2100: segments on 256-row tile boundaries.
+    for (shape, with_bias, ignore_every, seed) in [
+        ([13, 24, 600], true, Some(4), 1),
+        ([9, 16, 2100], false, None, 2),
+        ([7, 33, 2048], true, Some(3), 3),
+    ] {
+        let p = problem(shape, with_bias, ignore_every, seed);
+        let bounds = segment_bounds(p.v);
+        let reference = run_tp(&p, &split(1, p.v));
+        for world in [2, 4, 8] {
+            let shards = split(world, p.v);
+            for (r, s) in shards.iter().enumerate() {
+                assert_eq!(
+                    s.start,
+                    bounds[r * 8 / world],
+                    "shard {r} of {world} is aligned"
+                );
+            }
+            let outs = run_tp(&p, &shards);
+            let what = format!("V={} world={world}", p.v);
+            assert_ranks_agree(&what, &outs);
+            assert_bits_eq(
+                &format!("{what}: logp vs world 1"),
+                &bits_of(&outs[0].logp),
+                &bits_of(&reference[0].logp),
+            );
+            assert_bits_eq(
+                &format!("{what}: lse vs world 1"),
+                &bits_of(&outs[0].lse),
+                &bits_of(&reference[0].lse),
+            );
+            assert_bits_eq(
+                &format!("{what}: dHidden vs world 1"),
+                &bits_of(&outs[0].hidden),
+                &bits_of(&reference[0].hidden),
+            );
+            // Each segment's dWeight/dBias is the same leaf computation whichever rank runs it.
+            assert_bits_eq(
+                &format!("{what}: dWeight vs world 1"),
+                &bits_of(&concat_weight(&outs)),
+                &bits_of(&reference[0].weight),
+            );
+            if let (Some(got), Some(expected)) = (concat_bias(&outs), &reference[0].bias) {
+                assert_bits_eq(
+                    &format!("{what}: dBias vs world 1"),
+                    &bits_of(&got),
+                    &bits_of(expected),
+                );
+            }
+        }
+    }
+}
+
+/// The single-rank API's results for the same problem.
+fn single_rank(p: &Problem) -> RankOut {
+    let device = Default::default();
+    let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32).require_grad();
+    let weight = float::<AD, 2>(p.weight.clone(), [p.v, p.d], &device, DType::F32).require_grad();
+    let bias = p
+        .bias
+        .as_ref()
+        .map(|b| float::<AD, 1>(b.clone(), [p.v], &device, DType::F32).require_grad());
+    let (logp, lse) = burn_invariant::linear_logp_with_lse(
+        hidden.clone(),
+        weight.clone(),
+        ints::<AD>(p.targets.clone(), &device),
+        bias.clone(),
+        &p.options,
+    )
+    .expect("linear_logp_with_lse");
+    let g_logp = float::<AD, 1>(p.g_logp.clone(), [p.n], &device, DType::F32);
+    let g_lse = float::<AD, 1>(p.g_lse.clone(), [p.n], &device, DType::F32);
+    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
+        .sum()
+        .backward();
+    RankOut {
+        logp: host(logp.inner()),
+        lse: host(lse.inner()),
+        hidden: host2(hidden.grad(&grads).unwrap()),
+        weight: host2(weight.grad(&grads).unwrap()),
+        bias: bias.map(|b| host(b.grad(&grads).unwrap())),
+    }
+}
+
+fn assert_close(what: &str, got: &[f32], expected: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), expected.len(), "{what}: length");
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        let ok = (g - e).abs() <= atol + rtol * e.abs() || (g.is_nan() && e.is_nan());
+        assert!(ok, "{what}[{i}]: got {g}, expected {e}");
+    }
+}
+
+fn assert_matches_single_rank(what: &str, outs: &[RankOut], single: &RankOut) {
+    assert_ranks_agree(what, outs);
+    let o = &outs[0];
+    assert_close(&format!("{what}: logp"), &o.logp, &single.logp, 1e-5, 1e-5);
+    assert_close(&format!("{what}: lse"), &o.lse, &single.lse, 1e-5, 1e-5);
+    assert_close(
+        &format!("{what}: dHidden"),
+        &o.hidden,
+        &single.hidden,
+        1e-5,
+        1e-4,
+    );
+    assert_close(
+        &format!("{what}: dWeight"),
+        &concat_weight(outs),
+        &single.weight,
+        1e-5,
+        1e-4,
+    );
+    match (concat_bias(outs), &single.bias) {
+        (Some(got), Some(expected)) => {
+            assert_close(&format!("{what}: dBias"), &got, expected, 1e-5, 1e-4)
+        }
+        (None, None) => {}
+        _ => panic!("{what}: bias gradient presence differs"),
+    }
+}
+
+#[test]
+fn matches_the_single_rank_api_for_1_2_3_4_ranks_and_uneven_shards() {
+    let p = problem([11, 20, 600], true, Some(5), 7);
+    let single = single_rank(&p);
+    let layouts: Vec<(&str, Vec<VocabShard>)> = vec![
+        ("world 1", split(1, p.v)),
+        ("world 2 aligned", split(2, p.v)),
+        ("world 2 mid-segment", cuts(p.v, &[260])),
+        ("world 3 even", split(3, p.v)),
+        ("world 3 uneven", cuts(p.v, &[1, 420])),
+        ("world 4 aligned", split(4, p.v)),
+        ("world 4 uneven", cuts(p.v, &[75, 76, 599])),
+    ];
+    for (what, shards) in layouts {
+        let outs = run_tp(&p, &shards);
+        assert_matches_single_rank(what, &outs, &single);
+    }
+    // Without bias or ignore index, on a tile-aligned vocabulary.
+    let p = problem([6, 16, 2300], false, None, 8);
+    let single = single_rank(&p);
+    for (what, shards) in [
+        ("V=2300 world 2", split(2, p.v)),
+        ("V=2300 world 3", split(3, p.v)),
+        ("V=2300 world 4", split(4, p.v)),
+    ] {
+        assert_matches_single_rank(what, &run_tp(&p, &shards), &single);
+    }
+}
+
+#[test]
+fn uneven_shards_are_run_to_run_deterministic() {
+    let p = problem([9, 12, 500], true, Some(3), 11);
+    let shards = cuts(p.v, &[130, 131, 377]);
+    let (a, b) = (run_tp(&p, &shards), run_tp(&p, &shards));
+    for (x, y) in a.iter().zip(&b) {
+        assert_bits_eq("logp", &bits_of(&x.logp), &bits_of(&y.logp));
+        assert_bits_eq("lse", &bits_of(&x.lse), &bits_of(&y.lse));
+        assert_bits_eq("dHidden", &bits_of(&x.hidden), &bits_of(&y.hidden));
+        assert_bits_eq("dWeight", &bits_of(&x.weight), &bits_of(&y.weight));
+    }
+}
+
+#[test]
+fn plain_backend_forward_equals_autodiff_forward() {
+    let p = Arc::new(problem([10, 16, 600], true, Some(4), 12));
+    let shards = split(2, p.v);
+    let ad = run_tp(&p, &shards);
+    let q = p.clone();
+    let plain = on_ranks(InProcessGroup::new(2), move |rank, group| {
+        let device = Default::default();
+        let s = shards[rank];
+        let (logp, lse) = tp::linear_logp_with_lse(
+            float::<B, 2>(q.hidden.clone(), [q.n, q.d], &device, DType::F32),
+            float::<B, 2>(
+                q.weight[s.start * q.d..s.end * q.d].to_vec(),
+                [s.len(), q.d],
+                &device,
+                DType::F32,
+            ),
+            ints::<B>(q.targets.clone(), &device),
+            q.bias
+                .as_ref()
+                .map(|b| float::<B, 1>(b[s.range()].to_vec(), [s.len()], &device, DType::F32)),
+            &s,
+            &group,
+            &q.options,
+        )
+        .unwrap();
+        (host(logp), host(lse))
+    });
+    for (rank, (logp, lse)) in plain.iter().enumerate() {
+        assert_bits_eq(
+            &format!("logp rank {rank}"),
+            &bits_of(logp),
+            &bits_of(&ad[rank].logp),
+        );
+        assert_bits_eq(
+            &format!("lse rank {rank}"),
+            &bits_of(lse),
+            &bits_of(&ad[rank].lse),
+        );
+    }
+}
+
+#[test]
+fn ignored_rows_have_zero_logp_and_unchecked_bad_targets_give_nan() {
+    let mut p = problem([8, 8, 64], false, Some(4), 13);
+    p.targets[2] = 64; // out of range: only reachable with skip_target_check
+    p.options.skip_target_check = true;
+    let p = Arc::new(p);
+    let q = p.clone();
+    let outs = on_ranks(InProcessGroup::new(2), move |rank, group| {
+        let device = Default::default();
+        let s = VocabShard::split(rank, 2, q.v);
+        let logp = tp::linear_logp(
+            float::<B, 2>(q.hidden.clone(), [q.n, q.d], &device, DType::F32),
+            float::<B, 2>(
+                q.weight[s.start * q.d..s.end * q.d].to_vec(),
+                [s.len(), q.d],
+                &device,
+                DType::F32,
+            ),
+            ints::<B>(q.targets.clone(), &device),
+            None,
+            &s,
+            &group,
+            &q.options,
+        )
+        .unwrap();
+        host(logp)
+    });
+    for logp in &outs {
+        for (i, &t) in p.targets.iter().enumerate() {
+            match t {
+                IGNORE => assert_eq!(logp[i], 0.0, "ignored row {i}"),
+                64 => assert!(logp[i].is_nan(), "bad target row {i}: {}", logp[i]),
+                _ => assert!(logp[i].is_finite() && logp[i] < 0.0, "row {i}: {}", logp[i]),
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_batch_returns_empty_on_every_rank() {
+    let p = Arc::new(problem([0, 8, 64], true, None, 14));
+    let outs = on_ranks(InProcessGroup::new(2), move |rank, group| {
+        let device = Default::default();
+        let s = VocabShard::split(rank, 2, p.v);
+        let weight = float::<AD, 2>(
+            p.weight[s.start * p.d..s.end * p.d].to_vec(),
+            [s.len(), p.d],
+            &device,
+            DType::F32,
+        )
+        .require_grad();
+        let (logp, lse) = tp::linear_logp_with_lse(
+            float::<AD, 2>(vec![], [0, p.d], &device, DType::F32).require_grad(),
+            weight.clone(),
+            ints::<AD>(vec![], &device),
+            None,
+            &s,
+            &group,
+            &p.options,
+        )
+        .unwrap();
+        let dims = (logp.dims(), lse.dims());
+        let grads = (logp.sum() + lse.sum()).backward();
+        let dweight = weight.grad(&grads).map(host2);
+        (dims, dweight)
+    });
+    for (dims, dweight) in outs {
+        assert_eq!(dims, ([0], [0]));
+        if let Some(dweight) = dweight {
+            assert!(dweight.iter().all(|&x| x == 0.0));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collective validation: a fault on one rank, the same error on all.
+
+/// Per-rank inputs of a validation case, as host data.
+#[derive(Clone)]
+struct RankCase {
+    n: usize,
+    d: usize,
+    weight_rows: usize,
+    shard: VocabShard,
+    targets: Vec<i64>,
+    with_bias: bool,
+    options: LinearLogpOptions,
+}
+
+fn healthy(world: usize, v: usize) -> Vec<RankCase> {
+    let mut rng = Rng::new(99);
+    let targets: Vec<i64> = (0..6).map(|_| rng.below(v) as i64).collect();
+    split(world, v)
+        .into_iter()
+        .map(|shard| RankCase {
+            n: 6,
+            d: 8,
+            weight_rows: shard.len(),
+            shard,
+            targets: targets.clone(),
+            with_bias: true,
+            options: LinearLogpOptions::default(),
+        })
+        .collect()
+}
+
+/// Runs the cases (one per rank) and returns every rank's error; asserts they are equal.
+fn errors_of(cases: Vec<RankCase>) -> InvariantError {
+    let world = cases.len();
+    let groups = InProcessGroup::with_timeout(world, Duration::from_secs(30));
+    let start = Instant::now();
+    let errors = on_ranks(groups, move |rank, group| {
+        let c = &cases[rank];
+        let device = Default::default();
+        let mut rng = Rng::new(rank as u64 + 1);
+        tp::linear_logp(
+            float::<B, 2>(rng.vec(c.n * c.d, 1.0), [c.n, c.d], &device, DType::F32),
+            float::<B, 2>(
+                rng.vec(c.weight_rows * c.d, 0.3),
+                [c.weight_rows, c.d],
+                &device,
+                DType::F32,
+            ),
+            ints::<B>(c.targets.clone(), &device),
+            c.with_bias.then(|| {
+                float::<B, 1>(
+                    rng.vec(c.weight_rows, 1.0),
+                    [c.weight_rows],
+                    &device,
+                    DType::F32,
+                )
+            }),
+            &c.shard,
+            &group,
+            &c.options,
+        )
+        .map(|_| ())
+        .expect_err("a faulty rank must fail every rank")
+    });
+    // Validation is one exchange: no rank waits for the group's timeout.
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        start.elapsed()
+    );
+    for (rank, e) in errors.iter().enumerate() {
+        assert_eq!(e, &errors[0], "rank {rank}'s error differs from rank 0's");
+    }
+    errors.into_iter().next().unwrap()
+}
+
+#[test]
+fn a_gap_or_overlap_in_the_partition_fails_every_rank() {
+    let mut cases = healthy(3, 120);
+    cases[1].shard.start += 1;
+    cases[1].weight_rows -= 1;
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::Partition { rank: 1, .. }),
+        "{e}"
+    );
+
+    let mut cases = healthy(3, 120);
+    cases[2].shard.start -= 1;
+    cases[2].weight_rows += 1;
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::Partition { rank: 2, .. }),
+        "{e}"
+    );
+
+    let mut cases = healthy(2, 120);
+    cases[1].shard.end -= 1;
+    cases[1].weight_rows -= 1;
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::Partition { rank: 1, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_or_mismatched_shard_fails_every_rank() {
+    let mut cases = healthy(3, 120);
+    cases[1].shard.end = cases[1].shard.start;
+    let e = errors_of(cases);
+    assert!(
+        matches!(
+            e,
+            InvariantError::RankFailed {
+                rank: 1,
+                world: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let mut cases = healthy(3, 120);
+    cases[2].weight_rows += 2;
+    let e = errors_of(cases);
+    match &e {
+        InvariantError::RankFailed {
+            rank: 2, reason, ..
+        } => {
+            assert!(reason.contains("`weight`"), "{e}")
+        }
+        _ => panic!("{e}"),
+    }
+}
+
+#[test]
+fn inconsistent_sizes_fail_every_rank() {
+    let mut cases = healthy(3, 120);
+    cases[2].shard.global_vocab = 121;
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::RankMismatch { rank: 2, what, .. } if what.starts_with("V_global")),
+        "{e}"
+    );
+
+    let mut cases = healthy(3, 120);
+    cases[1].n = 5;
+    cases[1].targets.pop();
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::RankMismatch { rank: 1, what, .. } if what.starts_with("N ")),
+        "{e}"
+    );
+
+    let mut cases = healthy(3, 120);
+    cases[1].d = 7;
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::RankMismatch { rank: 1, what, .. } if what.starts_with("D ")),
+        "{e}"
+    );
+
+    let mut cases = healthy(3, 120);
+    cases[0].with_bias = false;
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::RankMismatch { rank: 1, what, .. } if what.contains("bias")),
+        "{e}"
+    );
+
+    let mut cases = healthy(3, 120);
+    cases[2].options.ignore_index = Some(IGNORE);
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::RankMismatch { rank: 2, what, .. } if what.contains("ignore_index")),
+        "{e}"
+    );
+}
+
+#[test]
+fn targets_must_agree_and_be_owned_by_some_rank() {
+    // One rank's targets differ: caught by the hash even though each is in range.
+    let mut cases = healthy(3, 120);
+    cases[1].targets[3] = (cases[1].targets[3] + 1) % 120;
+    let e = errors_of(cases);
+    assert!(
+        matches!(e, InvariantError::RankMismatch { rank: 1, what, .. } if what.contains("targets")),
+        "{e}"
+    );
+
+    // A target outside [0, V_global) on every rank: owned by none.
+    let mut cases = healthy(4, 120);
+    for c in &mut cases {
+        c.targets[4] = 120;
+        c.targets[5] = -3;
+    }
+    let e = errors_of(cases);
+    assert_eq!(
+        e,
+        InvariantError::TargetOutOfRange {
+            index: 4,
+            value: 120,
+            vocab: 120,
+            count: 2,
+            ignore_index: None,
+        }
+    );
+
+    // A target equal to ignore_index is owned by no rank and allowed; others still checked.
+    let mut cases = healthy(2, 120);
+    for c in &mut cases {
+        c.options.ignore_index = Some(IGNORE);
+        c.targets[0] = IGNORE;
+        c.targets[1] = -1;
+    }
+    let e = errors_of(cases);
+    assert!(
+        matches!(
+            e,
+            InvariantError::TargetOutOfRange {
+                index: 1,
+                value: -1,
+                count: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_rank_that_never_arrives_fails_the_others_in_bounded_time() {
+    let p = Arc::new(problem([4, 8, 64], false, None, 15));
+    let mut groups = InProcessGroup::with_timeout(3, Duration::from_millis(300));
+    let absent = groups.pop().unwrap();
+    let start = Instant::now();
+    let q = p.clone();
+    let errors = on_ranks(groups, move |rank, group| {
+        let device = Default::default();
+        let s = VocabShard::split(rank, 3, q.v);
+        tp::linear_logp(
+            float::<B, 2>(q.hidden.clone(), [q.n, q.d], &device, DType::F32),
+            float::<B, 2>(
+                q.weight[s.start * q.d..s.end * q.d].to_vec(),
+                [s.len(), q.d],
+                &device,
+                DType::F32,
+            ),
+            ints::<B>(q.targets.clone(), &device),
+            None,
+            &s,
+            &group,
+            &q.options,
+        )
+        .map(|_| ())
+        .unwrap_err()
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(errors[0], errors[1]);
+    assert!(
+        matches!(&errors[0], InvariantError::Collective { reason } if reason.contains("[2]")),
+        "{}",
+        errors[0]
+    );
+    // The late rank gets the same error at once.
+    let device = Default::default();
+    let s = VocabShard::split(2, 3, p.v);
+    let late = tp::linear_logp(
+        float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32),
+        float::<B, 2>(
+            p.weight[s.start * p.d..s.end * p.d].to_vec(),
+            [s.len(), p.d],
+            &device,
+            DType::F32,
+        ),
+        ints::<B>(p.targets.clone(), &device),
+        None,
+        &s,
+        &absent,
+        &p.options,
+    )
+    .map(|_| ())
+    .unwrap_err();
+    assert_eq!(late, errors[0]);
+}
