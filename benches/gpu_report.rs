@@ -7,7 +7,9 @@
 //! batch of launches, on random data.
 use std::time::Instant;
 
-use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
+use burn::tensor::{
+    DType, Distribution, Int, Tensor, TensorData, TensorPrimitive, backend::Backend,
+};
 use burn_invariant::{
     InvariantBackend,
     backend::{GradRequest, LinearLogpInputs},
@@ -17,7 +19,13 @@ use burn_invariant::{
 #[cfg(feature = "cuda")]
 type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
 
-const PROJECTIONS: [(usize, usize); 5] = [(4096, 12288), (4096, 4096), (4096, 14336), (14336, 4096), (4096, 32000)];
+const PROJECTIONS: [(usize, usize); 5] = [
+    (4096, 12288),
+    (4096, 4096),
+    (4096, 14336),
+    (14336, 4096),
+    (4096, 32000),
+];
 const VOCABS: [usize; 3] = [32768, 50257, 131072];
 
 /// Median seconds per call of `f` (each repetition: `batch` calls, then a device sync).
@@ -46,7 +54,11 @@ fn report(what: &str, imp: &str, shape: &str, seconds: f64, flops: f64) {
     );
 }
 
-fn random<Bk: Backend, const D: usize>(shape: [usize; D], device: &Bk::Device, scale: f64) -> Tensor<Bk, D> {
+fn random<Bk: Backend, const D: usize>(
+    shape: [usize; D],
+    device: &Bk::Device,
+    scale: f64,
+) -> Tensor<Bk, D> {
     Tensor::<Bk, D>::random(shape, Distribution::Uniform(-scale, scale), device).cast(DType::BF16)
 }
 
@@ -76,8 +88,16 @@ fn matmul_cases<Bk: InvariantBackend>(device: &Bk::Device) {
                 // Backward: dLhs = g·rhsᵀ and dRhs = lhsᵀ·g.
                 let grad = random::<Bk, 2>([m, n], device, 1.0);
                 let s = time::<Bk>(device, 5, 7, || {
-                    let _ = Bk::invariant_matmul_grad_lhs(prim(&grad), prim(&rhs), Implementation::Sm90);
-                    let _ = Bk::invariant_matmul_grad_rhs(prim(&lhs), prim(&grad), Implementation::Sm90);
+                    let _ = Bk::invariant_matmul_grad_lhs(
+                        prim(&grad),
+                        prim(&rhs),
+                        Implementation::Sm90,
+                    );
+                    let _ = Bk::invariant_matmul_grad_rhs(
+                        prim(&lhs),
+                        prim(&grad),
+                        Implementation::Sm90,
+                    );
                 });
                 report("matmul_backward", "Sm90", &shape, s, 2.0 * flops);
             }
@@ -91,7 +111,12 @@ fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
         let hidden = random::<Bk, 2>([n, d], device, 1.0);
         let weight = random::<Bk, 2>([v, d], device, 0.05);
         let targets: Tensor<Bk, 1, Int> = Tensor::from_data(
-            TensorData::new((0..n as i64).map(|i| (i * 7919) % v as i64).collect::<Vec<_>>(), [n]),
+            TensorData::new(
+                (0..n as i64)
+                    .map(|i| (i * 7919) % v as i64)
+                    .collect::<Vec<_>>(),
+                [n],
+            ),
             device,
         );
         let inputs = || LinearLogpInputs::<Bk> {
@@ -110,12 +135,25 @@ fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
             });
             report("linear_logp_fwd", &format!("{imp:?}"), &shape, s, flops);
             let stats = Bk::invariant_linear_logp(inputs(), imp);
-            let grad: Tensor<Bk, 2> = Tensor::random([n, 2], Distribution::Uniform(-1.0, 1.0), device);
+            let grad: Tensor<Bk, 2> =
+                Tensor::random([n, 2], Distribution::Uniform(-1.0, 1.0), device);
             let s = time::<Bk>(device, 2, reps, || {
                 let stats = Bk::invariant_linear_logp(inputs(), imp);
-                let _ = Bk::invariant_linear_logp_backward(inputs(), stats, grad.clone().into_primitive().tensor(), GradRequest::ALL, imp);
+                let _ = Bk::invariant_linear_logp_backward(
+                    inputs(),
+                    stats,
+                    grad.clone().into_primitive().tensor(),
+                    GradRequest::ALL,
+                    imp,
+                );
             });
-            report("linear_logp_fwd_bwd", &format!("{imp:?}"), &shape, s, 4.0 * flops);
+            report(
+                "linear_logp_fwd_bwd",
+                &format!("{imp:?}"),
+                &shape,
+                s,
+                4.0 * flops,
+            );
             let _ = Tensor::<Bk, 2>::from_primitive(TensorPrimitive::Float(stats));
         }
     }
@@ -124,13 +162,17 @@ fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
 fn main() {
     #[cfg(feature = "cuda")]
     {
-        let available = std::panic::catch_unwind(|| cudarc::driver::result::init().is_ok()).unwrap_or(false);
+        let available =
+            std::panic::catch_unwind(|| cudarc::driver::result::init().is_ok()).unwrap_or(false);
         if !available {
             println!("NOTICE: no CUDA driver; the GPU report needs an NVIDIA GPU");
             return;
         }
         let device = cubecl::cuda::CudaDevice::new(0);
-        let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-')).unwrap_or_default();
+        let filter = std::env::args()
+            .nth(1)
+            .filter(|a| !a.starts_with('-'))
+            .unwrap_or_default();
         if filter.is_empty() || filter == "matmul" {
             matmul_cases::<B>(&device);
         }

@@ -141,6 +141,12 @@ pub fn linear_logp_with_lse<B: InvariantBackend>(
 ) -> Result<(Tensor<B, 1>, Tensor<B, 1>), InvariantError> {
     let implementation = check_linear_logp(&hidden, &weight, &targets, bias.as_ref(), options)?;
     let n = hidden.dims()[0];
+    if n == 0 {
+        // Nothing to compute (and no zero-sized kernel launches, which CUDA rejects).
+        let device = hidden.device();
+        let empty = || Tensor::<B, 1>::empty([0], (&device, burn::tensor::DType::F32));
+        return Ok((empty(), empty()));
+    }
     let inputs = LinearLogpInputs {
         hidden: float(hidden),
         weight: float(weight),
@@ -206,7 +212,10 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     Ok(implementation)
 }
 
-fn check_problem<B: InvariantBackend>(implementation: Implementation, problem: Problem) -> Result<(), InvariantError> {
+fn check_problem<B: InvariantBackend>(
+    implementation: Implementation,
+    problem: Problem,
+) -> Result<(), InvariantError> {
     B::check_problem(implementation, problem).map_err(|reason| InvariantError::UnsupportedProblem {
         implementation,
         problem,

@@ -22,7 +22,9 @@ fn probe<D: Clone + Send + Sync + 'static>(
             if std::env::var(require_env).is_ok_and(|v| v == "1") {
                 panic!("{what}: no device, and {require_env}=1 requires one");
             }
-            eprintln!("NOTICE: {what}: no device found, skipping (set {require_env}=1 to fail instead)");
+            eprintln!(
+                "NOTICE: {what}: no device found, skipping (set {require_env}=1 to fail instead)"
+            );
         }
         found
     })
@@ -53,7 +55,8 @@ mod wgpu {
 
     mod fusion {
         use super::super::common;
-        type B = burn_fusion::Fusion<burn_cubecl::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>>;
+        type B =
+            burn_fusion::Fusion<burn_cubecl::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>>;
         type AD = burn::backend::Autodiff<B>;
         invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::F16], other_dtype: burn::tensor::DType::F16);
     }
@@ -83,7 +86,8 @@ mod cuda {
 
     mod fusion {
         use super::super::common;
-        type B = burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
+        type B =
+            burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
         type AD = burn::backend::Autodiff<B>;
         invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::BF16], other_dtype: burn::tensor::DType::F16);
     }

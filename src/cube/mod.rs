@@ -37,7 +37,10 @@ pub(crate) fn cubecl_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType)
     } else {
         Candidate::unavailable(
             Implementation::CubeCl,
-            format!("runtime `{}` does not support {dtype:?} on this device", R::name(&client)),
+            format!(
+                "runtime `{}` does not support {dtype:?} on this device",
+                R::name(&client)
+            ),
         )
     }
 }
@@ -46,7 +49,8 @@ pub(crate) fn cubecl_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType)
 /// else), bf16 or f16.
 fn sm90_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType) -> Candidate {
     #[cfg(feature = "cuda")]
-    if let Some(device) = (device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>() {
+    if let Some(device) = (device as &dyn std::any::Any).downcast_ref::<cubecl::cuda::CudaDevice>()
+    {
         return match (sm90::compute_capability(device), dtype) {
             (Some(90), DType::BF16 | DType::F16) => Candidate::available(Implementation::Sm90),
             (Some(90), other) => Candidate::unavailable(
@@ -55,13 +59,26 @@ fn sm90_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType) -> Candidate
             ),
             (Some(cc), _) => Candidate::unavailable(
                 Implementation::Sm90,
-                format!("needs compute capability 9.0, the device has {}.{}", cc / 10, cc % 10),
+                format!(
+                    "needs compute capability 9.0, the device has {}.{}",
+                    cc / 10,
+                    cc % 10
+                ),
             ),
-            (None, _) => Candidate::unavailable(Implementation::Sm90, "the CUDA driver did not report a compute capability"),
+            (None, _) => Candidate::unavailable(
+                Implementation::Sm90,
+                "the CUDA driver did not report a compute capability",
+            ),
         };
     }
     let _ = (device, dtype);
-    Candidate::unavailable(Implementation::Sm90, format!("needs a CUDA device, this is {}", R::name(&R::client(device))))
+    Candidate::unavailable(
+        Implementation::Sm90,
+        format!(
+            "needs a CUDA device, this is {}",
+            R::name(&R::client(device))
+        ),
+    )
 }
 
 /// Runs `f` on the tensors as CUDA tensors; the registry only selects `Sm90` on CUDA.
@@ -124,11 +141,26 @@ impl<R: CubeRuntime> CudaCast<R> for Option<CubeTensor<R>> {
 }
 
 fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Vec<usize>, dtype: DType) -> CubeTensor<R> {
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), Shape::from(shape), dtype)
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(shape),
+        dtype,
+    )
 }
 
+/// Zeros; an empty shape only allocates (a fill kernel over zero elements is an invalid launch
+/// on CUDA).
 fn zeros<R: CubeRuntime>(like: &CubeTensor<R>, shape: Vec<usize>, dtype: DType) -> CubeTensor<R> {
-    zeros_client(like.client.clone(), like.device.clone(), Shape::from(shape), dtype)
+    if shape.contains(&0) {
+        return empty(like, shape, dtype);
+    }
+    zeros_client(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(shape),
+        dtype,
+    )
 }
 
 /// Kernel launches only fail on inputs the public API has already rejected.
@@ -141,7 +173,11 @@ fn is_empty<R: CubeRuntime>(shape: &[usize]) -> bool {
 }
 
 /// CubeCL `matmul` with an optional bias.
-pub(crate) fn matmul<R: CubeRuntime>(lhs: CubeTensor<R>, rhs: CubeTensor<R>, bias: Option<CubeTensor<R>>) -> CubeTensor<R> {
+pub(crate) fn matmul<R: CubeRuntime>(
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+    bias: Option<CubeTensor<R>>,
+) -> CubeTensor<R> {
     let (m, n) = (lhs.meta.shape()[0], rhs.meta.shape()[1]);
     let out = empty(&lhs, vec![m, n], lhs.dtype);
     if is_empty::<R>(&[m, n]) {
@@ -163,9 +199,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     for CubeBackend<R, F, I, BT>
 {
     fn implementations(_op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
-        let (sm90, cubecl) = (sm90_candidate::<R>(device, dtype), cubecl_candidate::<R>(device, dtype));
+        let (sm90, cubecl) = (
+            sm90_candidate::<R>(device, dtype),
+            cubecl_candidate::<R>(device, dtype),
+        );
         // Sm90 first where it can run; otherwise it stays listed so forcing it explains why not.
-        if sm90.availability.is_ok() { vec![sm90, cubecl] } else { vec![cubecl, sm90] }
+        if sm90.availability.is_ok() {
+            vec![sm90, cubecl]
+        } else {
+            vec![cubecl, sm90]
+        }
     }
 
     fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {
@@ -174,11 +217,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             (Implementation::Sm90, Problem::LinearLogp { d: 0, .. }) => {
                 Err("the Sm90 linear_logp kernels need a hidden size D >= 1".into())
             }
-            (Implementation::Sm90, Problem::Matmul { m, k, n } | Problem::LinearLogp { n: m, d: k, v: n })
-                if m.max(k).max(n) > SM90_LIMIT =>
-            {
-                Err(format!("the Sm90 kernels take dimensions up to {SM90_LIMIT}"))
-            }
+            (
+                Implementation::Sm90,
+                Problem::Matmul { m, k, n } | Problem::LinearLogp { n: m, d: k, v: n },
+            ) if m.max(k).max(n) > SM90_LIMIT => Err(format!(
+                "the Sm90 kernels take dimensions up to {SM90_LIMIT}"
+            )),
             _ => Ok(()),
         }
     }
@@ -191,7 +235,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     ) -> FloatTensor<Self> {
         #[cfg(feature = "cuda")]
         if implementation == Implementation::Sm90 {
-            return on_cuda::<R, _, CubeTensor<R>>((lhs, (rhs, bias)), |(l, (r, b))| sm90::matmul(l, r, b));
+            return on_cuda::<R, _, CubeTensor<R>>((lhs, (rhs, bias)), |(l, (r, b))| {
+                sm90::matmul(l, r, b)
+            });
         }
         let _ = implementation;
         matmul(lhs, rhs, bias)
@@ -204,7 +250,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     ) -> FloatTensor<Self> {
         #[cfg(feature = "cuda")]
         if implementation == Implementation::Sm90 {
-            return on_cuda::<R, _, CubeTensor<R>>((grad, rhs), |(g, r)| sm90::matmul_grad_lhs(g, r));
+            return on_cuda::<R, _, CubeTensor<R>>((grad, rhs), |(g, r)| {
+                sm90::matmul_grad_lhs(g, r)
+            });
         }
         let _ = implementation;
         // A transposed view (strides swapped, no copy): the kernels take any strides.
@@ -218,7 +266,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     ) -> FloatTensor<Self> {
         #[cfg(feature = "cuda")]
         if implementation == Implementation::Sm90 {
-            return on_cuda::<R, _, CubeTensor<R>>((lhs, grad), |(l, g)| sm90::matmul_grad_rhs(l, g));
+            return on_cuda::<R, _, CubeTensor<R>>((lhs, grad), |(l, g)| {
+                sm90::matmul_grad_rhs(l, g)
+            });
         }
         let _ = implementation;
         let (k, n) = (lhs.meta.shape()[1], grad.meta.shape()[1]);
@@ -237,7 +287,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         out
     }
 
-    fn invariant_sum_rows(grad: FloatTensor<Self>, _implementation: Implementation) -> FloatTensor<Self> {
+    fn invariant_sum_rows(
+        grad: FloatTensor<Self>,
+        _implementation: Implementation,
+    ) -> FloatTensor<Self> {
         let (m, n) = (grad.meta.shape()[0], grad.meta.shape()[1]);
         if m == 0 || n == 0 {
             return zeros(&grad, vec![n], grad.dtype);
@@ -252,12 +305,20 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         out
     }
 
-    fn invariant_linear_logp(inputs: LinearLogpInputs<Self>, implementation: Implementation) -> FloatTensor<Self> {
+    fn invariant_linear_logp(
+        inputs: LinearLogpInputs<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self> {
         #[cfg(feature = "cuda")]
         if implementation == Implementation::Sm90 {
             let ignore_index = inputs.ignore_index;
-            let args = (inputs.hidden, (inputs.weight, (inputs.bias, inputs.targets)));
-            return on_cuda::<R, _, CubeTensor<R>>(args, |(h, (w, (b, t)))| sm90::linear_logp(h, w, b, t, ignore_index));
+            let args = (
+                inputs.hidden,
+                (inputs.weight, (inputs.bias, inputs.targets)),
+            );
+            return on_cuda::<R, _, CubeTensor<R>>(args, |(h, (w, (b, t)))| {
+                sm90::linear_logp(h, w, b, t, ignore_index)
+            });
         }
         let _ = implementation;
         let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
@@ -290,14 +351,22 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         #[cfg(feature = "cuda")]
         if implementation == Implementation::Sm90 {
             let ignore_index = inputs.ignore_index;
-            let args = (inputs.hidden, (inputs.weight, (inputs.bias, (inputs.targets, (stats, grad)))));
-            let (d_hidden, (d_weight, d_bias)) = on_cuda::<R, _, (CubeTensor<R>, (CubeTensor<R>, Option<CubeTensor<R>>))>(
-                args,
-                |(h, (w, (b, (t, (s, g)))))| {
-                    let (dh, dw, db) = sm90::linear_logp_backward(h, w, b, t, ignore_index, s, g);
-                    (dh, (dw, db))
-                },
+            let args = (
+                inputs.hidden,
+                (
+                    inputs.weight,
+                    (inputs.bias, (inputs.targets, (stats, grad))),
+                ),
             );
+            let (d_hidden, (d_weight, d_bias)) =
+                on_cuda::<R, _, (CubeTensor<R>, (CubeTensor<R>, Option<CubeTensor<R>>))>(
+                    args,
+                    |(h, (w, (b, (t, (s, g)))))| {
+                        let (dh, dw, db) =
+                            sm90::linear_logp_backward(h, w, b, t, ignore_index, s, g);
+                        (dh, (dw, db))
+                    },
+                );
             return LinearLogpGrads {
                 hidden: request.hidden.then_some(d_hidden),
                 weight: request.weight.then_some(d_weight),
@@ -353,7 +422,12 @@ struct LogpBindings<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> LogpBindings<R> {
-    fn new<B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>, IntTensorPrimitive = CubeTensor<R>>>(
+    fn new<
+        B: burn::tensor::backend::Backend<
+                FloatTensorPrimitive = CubeTensor<R>,
+                IntTensorPrimitive = CubeTensor<R>,
+            >,
+    >(
         inputs: &LinearLogpInputs<B>,
     ) -> Self {
         Self {
@@ -364,7 +438,13 @@ impl<R: CubeRuntime> LogpBindings<R> {
         }
     }
 
-    fn inputs<'a, B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>, IntTensorPrimitive = CubeTensor<R>>>(
+    fn inputs<
+        'a,
+        B: burn::tensor::backend::Backend<
+                FloatTensorPrimitive = CubeTensor<R>,
+                IntTensorPrimitive = CubeTensor<R>,
+            >,
+    >(
         &'a self,
         inputs: &LinearLogpInputs<B>,
     ) -> kernels::logp::LinearLogpInputs<'a, R> {

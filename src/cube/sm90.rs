@@ -15,7 +15,7 @@ use burn_cubecl::{
 use cubecl::cuda::{CudaCompiler, CudaComputeKernel, CudaDevice, CudaRuntime};
 use cubecl::prelude::*;
 use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo};
-use cubecl::{CompilationError, CubeTask, Compiler};
+use cubecl::{CompilationError, Compiler, CubeTask};
 use cubecl_cpp::shared::{Body, Elem, Flags, Item, SharedMemory};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
@@ -48,7 +48,10 @@ const LOGP_BWD_SMEM: usize = 1024 + 4 * 49152 + 8192 + 64;
 /// Compute capability of a CUDA device (major * 10 + minor), cached.
 pub(crate) fn compute_capability(device: &CudaDevice) -> Option<u32> {
     static CACHE: OnceLock<Mutex<HashMap<usize, Option<u32>>>> = OnceLock::new();
-    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     *cache.entry(device.index).or_insert_with(|| {
         use cudarc::driver::{result, sys::CUdevice_attribute::*};
         result::init().ok()?;
@@ -56,8 +59,10 @@ pub(crate) fn compute_capability(device: &CudaDevice) -> Option<u32> {
         // SAFETY: plain attribute queries on a valid device handle.
         let (major, minor) = unsafe {
             (
-                result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).ok()?,
-                result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR).ok()?,
+                result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                    .ok()?,
+                result::device::get_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+                    .ok()?,
             )
         };
         Some((major * 10 + minor) as u32)
@@ -145,7 +150,10 @@ impl CubeTask<CudaCompiler> for RawKernel {
         Ok(CompiledKernel {
             entrypoint_name: self.entry.clone(),
             debug_name: None,
-            source: format!("#define IB_SELECT\n#define IB_ENTRY_{}\n{COMMON}\n{unit}", self.entry),
+            source: format!(
+                "#define IB_SELECT\n#define IB_ENTRY_{}\n{COMMON}\n{unit}",
+                self.entry
+            ),
             repr: Some(stub_repr(&self.entry, cube_dim, self.smem)),
             cube_dim,
             debug_info: None,
@@ -177,13 +185,23 @@ impl Params {
     }
 }
 
-fn launch(client: &ComputeClient<CudaRuntime>, kernel: RawKernel, grid: usize, buffers: Vec<Binding>, params: Params) {
+fn launch(
+    client: &ComputeClient<CudaRuntime>,
+    kernel: RawKernel,
+    grid: usize,
+    buffers: Vec<Binding>,
+    params: Params,
+) {
     let info = params.0.to_vec();
     let words = info.len();
     let args = KernelArguments::new()
         .with_buffers(buffers)
         .with_info(MetadataBindingInfo::new(info, words));
-    client.launch(Box::new(kernel), CubeCount::Static(grid.max(1) as u32, 1, 1), args);
+    client.launch(
+        Box::new(kernel),
+        CubeCount::Static(grid.max(1) as u32, 1, 1),
+        args,
+    );
 }
 
 fn suffix(dtype: DType) -> &'static str {
@@ -195,7 +213,12 @@ fn suffix(dtype: DType) -> &'static str {
 }
 
 fn sm_count(client: &ComputeClient<CudaRuntime>) -> usize {
-    client.properties().hardware.num_streaming_multiprocessors.unwrap_or(132).max(2) as usize
+    client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(132)
+        .max(2) as usize
 }
 
 /// A TMA-readable operand: a row-major buffer whose row stride is a multiple of 16 bytes and
@@ -213,15 +236,23 @@ impl Operand {
         let strides = t.meta.strides().to_vec();
         let elem = t.dtype.size();
         let tma_ready = strides[1] == 1 && (strides[0] * elem) % 16 == 0 && strides[0] >= cols;
-        let t = if tma_ready { t } else { padded_copy(t) };
-        let ld = t.meta.strides()[0];
-        let ptr = device_ptr(&t);
-        if ptr % 16 != 0 {
-            // A slice at an odd offset: TMA needs a 16-byte aligned base.
-            return Self::new(padded_copy(t));
+        if tma_ready {
+            let ptr = device_ptr(&t);
+            // A slice at an odd offset is not TMA-ready either: TMA needs a 16-byte aligned base.
+            if ptr % 16 == 0 {
+                let ld = strides[0];
+                return Self {
+                    tensor: t,
+                    ptr,
+                    cols,
+                    ld,
+                };
+            }
         }
+        let (tensor, ld) = padded_copy(t);
+        let ptr = device_ptr(&tensor);
         Self {
-            tensor: t,
+            tensor,
             ptr,
             cols,
             ld,
@@ -230,7 +261,14 @@ impl Operand {
 
     /// A map of rows `[row0, row0 + rows)` of this operand.
     fn map(&self, row0: usize, rows: usize) -> [u64; 16] {
-        tensor_map(self.tensor.dtype, self.ptr + (row0 * self.ld * self.tensor.dtype.size()) as u64, rows, self.cols, self.ld)
+        bind_context(&self.tensor.device);
+        tensor_map(
+            self.tensor.dtype,
+            self.ptr + (row0 * self.ld * self.tensor.dtype.size()) as u64,
+            rows,
+            self.cols,
+            self.ld,
+        )
     }
 
     fn binding(&self) -> Binding {
@@ -238,15 +276,19 @@ impl Operand {
     }
 }
 
-/// Copies `t` into a fresh buffer whose row stride is `cols` rounded up to 8 elements.
-fn padded_copy(t: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
+/// Copies `t` into a fresh `[rows, ld]` buffer, `ld` = `cols` rounded up to 8 elements; the
+/// tensor maps read only the first `cols` columns.
+fn padded_copy(t: CubeTensor<CudaRuntime>) -> (CubeTensor<CudaRuntime>, usize) {
     let (rows, cols) = (t.meta.shape()[0], t.meta.shape()[1]);
     let ld = cols.div_ceil(8).max(1) * 8;
-    let wide = zeros_client(t.client.clone(), t.device.clone(), Shape::new([rows, ld]), t.dtype);
+    let wide = zeros_client(
+        t.client.clone(),
+        t.device.clone(),
+        Shape::new([rows, ld]),
+        t.dtype,
+    );
     let window = [(0..rows).into(), (0..cols).into()];
-    let wide = Ops::float_slice_assign(wide, &window, t);
-    // A view of the first `cols` columns: no copy, the row stride stays `ld`.
-    Ops::float_slice(wide, &window)
+    (Ops::float_slice_assign(wide, &window, t), ld)
 }
 
 type Ops = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -255,14 +297,42 @@ fn device_ptr(t: &CubeTensor<CudaRuntime>) -> u64 {
     let resource = t
         .client
         .get_resource(t.handle.clone())
-        .unwrap_or_else(|err| panic!("burn-invariant: cubecl buffer has no device resource: {err:?}"));
+        .unwrap_or_else(|err| {
+            panic!("burn-invariant: cubecl buffer has no device resource: {err:?}")
+        });
     resource.resource().ptr
+}
+
+/// Makes the device's primary context (the one cubecl uses) current on this thread: the
+/// driver wants a context for `cuTensorMapEncodeTiled`, and cubecl keeps its own on its server
+/// thread.
+fn bind_context(device: &CudaDevice) {
+    static CONTEXTS: OnceLock<Mutex<HashMap<usize, std::sync::Arc<cudarc::driver::CudaContext>>>> =
+        OnceLock::new();
+    let mut contexts = CONTEXTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let context = contexts.entry(device.index).or_insert_with(|| {
+        cudarc::driver::CudaContext::new(device.index).unwrap_or_else(|err| {
+            panic!(
+                "burn-invariant: CUDA primary context of device {}: {err:?}",
+                device.index
+            )
+        })
+    });
+    context
+        .bind_to_thread()
+        .unwrap_or_else(|err| panic!("burn-invariant: binding the CUDA context: {err:?}"));
 }
 
 /// `cuTensorMapEncodeTiled` for a row-major `[rows, cols]` matrix with row stride `ld`:
 /// box 64×64, 128-byte swizzle, zero fill out of bounds (the kernels rely on it for tails).
 fn tensor_map(dtype: DType, address: u64, rows: usize, cols: usize, ld: usize) -> [u64; 16] {
-    use cudarc::driver::sys::{self, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle};
+    use cudarc::driver::sys::{
+        self, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+        CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
     let data_type = match dtype {
         DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -297,12 +367,25 @@ fn tensor_map(dtype: DType, address: u64, rows: usize, cols: usize, ld: usize) -
     map.opaque
 }
 
-fn empty(like: &CubeTensor<CudaRuntime>, shape: Vec<usize>, dtype: DType) -> CubeTensor<CudaRuntime> {
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), Shape::from(shape), dtype)
+fn empty(
+    like: &CubeTensor<CudaRuntime>,
+    shape: Vec<usize>,
+    dtype: DType,
+) -> CubeTensor<CudaRuntime> {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(shape),
+        dtype,
+    )
 }
 
-fn zeros(like: &CubeTensor<CudaRuntime>, shape: Vec<usize>, dtype: DType) -> CubeTensor<CudaRuntime> {
-    zeros_client(like.client.clone(), like.device.clone(), Shape::from(shape), dtype)
+fn zeros(
+    like: &CubeTensor<CudaRuntime>,
+    shape: Vec<usize>,
+    dtype: DType,
+) -> CubeTensor<CudaRuntime> {
+    super::zeros(like, shape, dtype)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -361,16 +444,36 @@ fn gemm_launch(
     let buffers = vec![
         a.0.binding(),
         b.0.binding(),
-        out.bias.map_or_else(|| c.clone(), |t| t.handle.clone().binding()),
+        out.bias
+            .map_or_else(|| c.clone(), |t| t.handle.clone().binding()),
         c.clone(),
         out.acc.map_or(c, |t| t.handle.clone().binding()),
     ];
-    launch(client, RawKernel { entry, unit: Unit::Gemm, block, smem }, grid, buffers, params);
+    launch(
+        client,
+        RawKernel {
+            entry,
+            unit: Unit::Gemm,
+            block,
+            smem,
+        },
+        grid,
+        buffers,
+        params,
+    );
 }
 
 /// `lhs [M, K] · rhs [K, N] (+ bias)` (NN layout).
-pub(crate) fn matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>, bias: Option<CubeTensor<CudaRuntime>>) -> CubeTensor<CudaRuntime> {
-    let (m, k, n) = (lhs.meta.shape()[0], lhs.meta.shape()[1], rhs.meta.shape()[1]);
+pub(crate) fn matmul(
+    lhs: CubeTensor<CudaRuntime>,
+    rhs: CubeTensor<CudaRuntime>,
+    bias: Option<CubeTensor<CudaRuntime>>,
+) -> CubeTensor<CudaRuntime> {
+    let (m, k, n) = (
+        lhs.meta.shape()[0],
+        lhs.meta.shape()[1],
+        rhs.meta.shape()[1],
+    );
     let dtype = lhs.dtype;
     if m == 0 || n == 0 || k == 0 {
         // Nothing to reduce: the kernels need K ≥ 1.
@@ -380,13 +483,34 @@ pub(crate) fn matmul(lhs: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>,
     let bias = bias.map(into_contiguous);
     let (a, b) = (Operand::new(lhs), Operand::new(rhs));
     let maps = (a.map(0, m), b.map(0, k));
-    gemm_launch(Layout::Nn, dtype, (&a, maps.0), (&b, maps.1), [m, n, k], GemmOut { c: &c, acc: None, bias: bias.as_ref(), flags: GEMM_STORE_C, ldc: n, c_offset: 0 });
+    gemm_launch(
+        Layout::Nn,
+        dtype,
+        (&a, maps.0),
+        (&b, maps.1),
+        [m, n, k],
+        GemmOut {
+            c: &c,
+            acc: None,
+            bias: bias.as_ref(),
+            flags: GEMM_STORE_C,
+            ldc: n,
+            c_offset: 0,
+        },
+    );
     c
 }
 
 /// `grad [M, N] · rhsᵀ` with `rhs [K, N]` (NT layout): `[M, K]`.
-pub(crate) fn matmul_grad_lhs(grad: CubeTensor<CudaRuntime>, rhs: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
-    let (m, n, k) = (grad.meta.shape()[0], grad.meta.shape()[1], rhs.meta.shape()[0]);
+pub(crate) fn matmul_grad_lhs(
+    grad: CubeTensor<CudaRuntime>,
+    rhs: CubeTensor<CudaRuntime>,
+) -> CubeTensor<CudaRuntime> {
+    let (m, n, k) = (
+        grad.meta.shape()[0],
+        grad.meta.shape()[1],
+        rhs.meta.shape()[0],
+    );
     let dtype = grad.dtype;
     if m == 0 || k == 0 || n == 0 {
         return zeros(&grad, vec![m, k], dtype);
@@ -394,14 +518,35 @@ pub(crate) fn matmul_grad_lhs(grad: CubeTensor<CudaRuntime>, rhs: CubeTensor<Cud
     let c = empty(&grad, vec![m, k], dtype);
     let (a, b) = (Operand::new(grad), Operand::new(rhs));
     let maps = (a.map(0, m), b.map(0, k));
-    gemm_launch(Layout::Nt, dtype, (&a, maps.0), (&b, maps.1), [m, k, n], GemmOut { c: &c, acc: None, bias: None, flags: GEMM_STORE_C, ldc: k, c_offset: 0 });
+    gemm_launch(
+        Layout::Nt,
+        dtype,
+        (&a, maps.0),
+        (&b, maps.1),
+        [m, k, n],
+        GemmOut {
+            c: &c,
+            acc: None,
+            bias: None,
+            flags: GEMM_STORE_C,
+            ldc: k,
+            c_offset: 0,
+        },
+    );
     c
 }
 
 /// `lhsᵀ · grad` with `lhs [M, K]`, `grad [M, N]` (TN layout; the reduction runs over the
 /// batch rows in ascending 64-row blocks): `[K, N]`.
-pub(crate) fn matmul_grad_rhs(lhs: CubeTensor<CudaRuntime>, grad: CubeTensor<CudaRuntime>) -> CubeTensor<CudaRuntime> {
-    let (m, k, n) = (lhs.meta.shape()[0], lhs.meta.shape()[1], grad.meta.shape()[1]);
+pub(crate) fn matmul_grad_rhs(
+    lhs: CubeTensor<CudaRuntime>,
+    grad: CubeTensor<CudaRuntime>,
+) -> CubeTensor<CudaRuntime> {
+    let (m, k, n) = (
+        lhs.meta.shape()[0],
+        lhs.meta.shape()[1],
+        grad.meta.shape()[1],
+    );
     let dtype = grad.dtype;
     if m == 0 || k == 0 || n == 0 {
         return zeros(&grad, vec![k, n], dtype);
@@ -409,22 +554,44 @@ pub(crate) fn matmul_grad_rhs(lhs: CubeTensor<CudaRuntime>, grad: CubeTensor<Cud
     let c = empty(&grad, vec![k, n], dtype);
     let (a, b) = (Operand::new(lhs), Operand::new(grad));
     let maps = (a.map(0, m), b.map(0, m));
-    gemm_launch(Layout::Tn, dtype, (&a, maps.0), (&b, maps.1), [k, n, m], GemmOut { c: &c, acc: None, bias: None, flags: GEMM_STORE_C, ldc: n, c_offset: 0 });
+    gemm_launch(
+        Layout::Tn,
+        dtype,
+        (&a, maps.0),
+        (&b, maps.1),
+        [k, n, m],
+        GemmOut {
+            c: &c,
+            acc: None,
+            bias: None,
+            flags: GEMM_STORE_C,
+            ldc: n,
+            c_offset: 0,
+        },
+    );
     c
 }
 
 /// Targets as contiguous i32 with ignored rows mapped to −1 (never a valid target), so an
 /// ignore index outside the i32 range still matches exactly.
-fn normalized_targets(targets: CubeTensor<CudaRuntime>, ignore_index: Option<i64>) -> (CubeTensor<CudaRuntime>, Option<i64>) {
+fn normalized_targets(
+    targets: CubeTensor<CudaRuntime>,
+    ignore_index: Option<i64>,
+) -> (CubeTensor<CudaRuntime>, Option<i64>) {
     use burn::tensor::ops::IntTensorOps;
     let targets = match ignore_index {
         Some(ignore) => {
-            let is_ignored = Ops::int_equal_elem(targets.clone(), ignore.into(), burn::tensor::BoolDType::U8);
+            let is_ignored =
+                Ops::int_equal_elem(targets.clone(), ignore.into(), burn::tensor::BoolDType::U8);
             Ops::int_mask_fill(targets, is_ignored, (-1i64).into())
         }
         None => targets,
     };
-    let targets = if targets.dtype == DType::I32 { targets } else { Ops::int_cast(targets, burn::tensor::IntDType::I32) };
+    let targets = if targets.dtype == DType::I32 {
+        targets
+    } else {
+        Ops::int_cast(targets, burn::tensor::IntDType::I32)
+    };
     (into_contiguous(targets), ignore_index.map(|_| -1))
 }
 
@@ -436,18 +603,28 @@ pub(crate) fn linear_logp(
     targets: CubeTensor<CudaRuntime>,
     ignore_index: Option<i64>,
 ) -> CubeTensor<CudaRuntime> {
-    let (n, d, v) = (hidden.meta.shape()[0], hidden.meta.shape()[1], weight.meta.shape()[0]);
+    let (n, d, v) = (
+        hidden.meta.shape()[0],
+        hidden.meta.shape()[1],
+        weight.meta.shape()[0],
+    );
     let dtype = hidden.dtype;
     let client = hidden.client.clone();
     // The owning CTA writes z_t into logp; rows whose target matches no column keep NaN.
-    let logp = Ops::float_full(Shape::new([n]), f32::NAN.into(), &hidden.device, burn::tensor::FloatDType::F32);
+    let logp = Ops::float_full(
+        Shape::new([n]),
+        f32::NAN.into(),
+        &hidden.device,
+        burn::tensor::FloatDType::F32,
+    );
     let lse = empty(&hidden, vec![n], DType::F32);
     let segments = v.div_ceil(LOGP_SEGMENT);
     let workspace = empty(&hidden, vec![segments * n * 2], DType::F32);
     let (targets, ignore_index) = normalized_targets(targets, ignore_index);
     let bias = bias.map(into_contiguous);
     let (h, w) = (Operand::new(hidden), Operand::new(weight));
-    let flags = bias.as_ref().map_or(0, |_| LOGP_HAS_BIAS) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE);
+    let flags =
+        bias.as_ref().map_or(0, |_| LOGP_HAS_BIAS) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE);
     let params = || {
         Params::new(h.map(0, n), w.map(0, v))
             .u32_at(256, n as u32)
@@ -460,7 +637,8 @@ pub(crate) fn linear_logp(
         vec![
             h.binding(),
             w.binding(),
-            bias.as_ref().map_or_else(|| h.binding(), |b| b.handle.clone().binding()),
+            bias.as_ref()
+                .map_or_else(|| h.binding(), |b| b.handle.clone().binding()),
             targets.handle.clone().binding(),
             logp.handle.clone().binding(),
             lse.handle.clone().binding(),
@@ -470,8 +648,24 @@ pub(crate) fn linear_logp(
     let items = n.div_ceil(128).div_ceil(2) * segments;
     let grid = 2 * items.min(sm_count(&client) / 2).max(1);
     let entry = format!("ib_logp_fwd_{}", suffix(dtype));
-    launch(&client, RawKernel { entry, unit: Unit::Logp, block: 384, smem: LOGP_SMEM }, grid, buffers(), params());
-    let merge = RawKernel { entry: "ib_logp_merge".into(), unit: Unit::Logp, block: 256, smem: 0 };
+    launch(
+        &client,
+        RawKernel {
+            entry,
+            unit: Unit::Logp,
+            block: 384,
+            smem: LOGP_SMEM,
+        },
+        grid,
+        buffers(),
+        params(),
+    );
+    let merge = RawKernel {
+        entry: "ib_logp_merge".into(),
+        unit: Unit::Logp,
+        block: 256,
+        smem: 0,
+    };
     launch(&client, merge, n.div_ceil(8), buffers(), params());
     let logp = Ops::float_reshape(logp, Shape::new([n, 1]));
     let lse = Ops::float_reshape(lse, Shape::new([n, 1]));
@@ -479,7 +673,11 @@ pub(crate) fn linear_logp(
 }
 
 /// Gradients of the backward: `(dHidden, dWeight, dBias)`.
-pub(crate) type LogpGrads = (CubeTensor<CudaRuntime>, CubeTensor<CudaRuntime>, Option<CubeTensor<CudaRuntime>>);
+pub(crate) type LogpGrads = (
+    CubeTensor<CudaRuntime>,
+    CubeTensor<CudaRuntime>,
+    Option<CubeTensor<CudaRuntime>>,
+);
 
 /// Backward: the chunked host loop of kernels/README.md ("Backward").
 pub(crate) fn linear_logp_backward(
@@ -491,7 +689,11 @@ pub(crate) fn linear_logp_backward(
     stats: CubeTensor<CudaRuntime>,
     grad: CubeTensor<CudaRuntime>,
 ) -> LogpGrads {
-    let (n, d, v) = (hidden.meta.shape()[0], hidden.meta.shape()[1], weight.meta.shape()[0]);
+    let (n, d, v) = (
+        hidden.meta.shape()[0],
+        hidden.meta.shape()[1],
+        weight.meta.shape()[0],
+    );
     let dtype = hidden.dtype;
     let client = hidden.client.clone();
     let column = |t: &CubeTensor<CudaRuntime>, c: usize| {
@@ -517,9 +719,13 @@ pub(crate) fn linear_logp_backward(
     let dbias_part = empty(&hidden, vec![rows.div_ceil(128) * VOCAB_CHUNK], DType::F32);
     let dh_acc = (vocab_chunks > 1).then(|| empty(&hidden, vec![n, d], DType::F32));
     let dw_acc = (token_chunks > 1).then(|| empty(&weight, vec![v, d], DType::F32));
-    let db_acc = bias.as_ref().filter(|_| token_chunks > 1).map(|b| empty(b, vec![v], DType::F32));
+    let db_acc = bias
+        .as_ref()
+        .filter(|_| token_chunks > 1)
+        .map(|b| empty(b, vec![v], DType::F32));
     let (h, w) = (Operand::new(hidden), Operand::new(weight));
-    let base = bias.as_ref().map_or(0, |_| LOGP_HAS_BIAS) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE);
+    let base =
+        bias.as_ref().map_or(0, |_| LOGP_HAS_BIAS) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE);
     let sms = sm_count(&client);
     for vi in 0..vocab_chunks {
         let (v0, vw) = (vi * VOCAB_CHUNK, VOCAB_CHUNK.min(v - vi * VOCAB_CHUNK));
@@ -528,8 +734,16 @@ pub(crate) fn linear_logp_backward(
             let mut flags = base;
             if bias.is_some() {
                 flags |= if ti > 0 { DBIAS_ACC_LOAD } else { 0 }
-                    | if ti + 1 < token_chunks { DBIAS_ACC_STORE } else { 0 }
-                    | if ti + 1 == token_chunks { DBIAS_STORE } else { 0 };
+                    | if ti + 1 < token_chunks {
+                        DBIAS_ACC_STORE
+                    } else {
+                        0
+                    }
+                    | if ti + 1 == token_chunks {
+                        DBIAS_STORE
+                    } else {
+                        0
+                    };
             }
             let params = || {
                 Params::new(h.map(t0, tw), w.map(v0, vw))
@@ -547,49 +761,106 @@ pub(crate) fn linear_logp_backward(
                 vec![
                     h.binding(),
                     w.binding(),
-                    bias.as_ref().map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
+                    bias.as_ref()
+                        .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
                     targets.handle.clone().binding(),
                     lse.handle.clone().binding(),
                     g_logp.handle.clone().binding(),
                     g_lse.handle.clone().binding(),
                     dz.binding(),
                     dbias_part.handle.clone().binding(),
-                    db_acc.as_ref().map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
-                    d_bias.as_ref().map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
+                    db_acc
+                        .as_ref()
+                        .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
+                    d_bias
+                        .as_ref()
+                        .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
                 ]
             };
             let tiles = tw.div_ceil(128).div_ceil(2) * vw.div_ceil(256);
             let entry = format!("ib_logp_bwd_dz_{}", suffix(dtype));
-            launch(&client, RawKernel { entry, unit: Unit::Logp, block: 384, smem: LOGP_BWD_SMEM }, 2 * tiles.min(sms / 2).max(1), buffers(), params());
+            launch(
+                &client,
+                RawKernel {
+                    entry,
+                    unit: Unit::Logp,
+                    block: 384,
+                    smem: LOGP_BWD_SMEM,
+                },
+                2 * tiles.min(sms / 2).max(1),
+                buffers(),
+                params(),
+            );
             if bias.is_some() {
                 let entry = format!("ib_logp_bwd_dbias_{}", suffix(dtype));
-                launch(&client, RawKernel { entry, unit: Unit::Logp, block: 256, smem: 0 }, vw.div_ceil(256), buffers(), params());
+                launch(
+                    &client,
+                    RawKernel {
+                        entry,
+                        unit: Unit::Logp,
+                        block: 256,
+                        smem: 0,
+                    },
+                    vw.div_ceil(256),
+                    buffers(),
+                    params(),
+                );
             }
             // dz's map covers only the live chunk: tw rows × vw columns.
-            let dz_map = tensor_map(dtype, dz.ptr, tw, vw, VOCAB_CHUNK);
+            let dz_map = tensor_map(dtype, dz.ptr, tw, vw, dz.ld);
             // dH[t0..t0+tw] (+)= dz · W[v0..v0+vw], reduction over this vocabulary chunk.
             let flags_h = if vi > 0 { GEMM_ACC_LOAD } else { 0 }
-                | if vi + 1 < vocab_chunks { GEMM_ACC_STORE } else { 0 }
-                | if vi + 1 == vocab_chunks { GEMM_STORE_C } else { 0 };
+                | if vi + 1 < vocab_chunks {
+                    GEMM_ACC_STORE
+                } else {
+                    0
+                }
+                | if vi + 1 == vocab_chunks {
+                    GEMM_STORE_C
+                } else {
+                    0
+                };
             gemm_launch(
                 Layout::Nn,
                 dtype,
                 (&dz, dz_map),
                 (&w, w.map(v0, vw)),
                 [tw, d, vw],
-                GemmOut { c: &d_hidden, acc: dh_acc.as_ref(), bias: None, flags: flags_h, ldc: d, c_offset: t0 * d },
+                GemmOut {
+                    c: &d_hidden,
+                    acc: dh_acc.as_ref(),
+                    bias: None,
+                    flags: flags_h,
+                    ldc: d,
+                    c_offset: t0 * d,
+                },
             );
             // dW[v0..v0+vw] (+)= dzᵀ · H[t0..t0+tw], reduction over this token chunk.
             let flags_w = if ti > 0 { GEMM_ACC_LOAD } else { 0 }
-                | if ti + 1 < token_chunks { GEMM_ACC_STORE } else { 0 }
-                | if ti + 1 == token_chunks { GEMM_STORE_C } else { 0 };
+                | if ti + 1 < token_chunks {
+                    GEMM_ACC_STORE
+                } else {
+                    0
+                }
+                | if ti + 1 == token_chunks {
+                    GEMM_STORE_C
+                } else {
+                    0
+                };
             gemm_launch(
                 Layout::Tn,
                 dtype,
                 (&dz, dz_map),
                 (&h, h.map(t0, tw)),
                 [vw, d, tw],
-                GemmOut { c: &d_weight, acc: dw_acc.as_ref(), bias: None, flags: flags_w, ldc: d, c_offset: v0 * d },
+                GemmOut {
+                    c: &d_weight,
+                    acc: dw_acc.as_ref(),
+                    bias: None,
+                    flags: flags_w,
+                    ldc: d,
+                    c_offset: v0 * d,
+                },
             );
         }
     }

@@ -1,0 +1,498 @@
+//! Deterministic, row-invariant GEMM, row-reduction GEMM and column sums.
+
+pub(crate) mod cmma;
+pub(crate) mod col_sum;
+pub(crate) mod fma;
+
+use crate::consts::{
+    CMMA_BK, CMMA_BM, CMMA_BN, CMMA_FRAG, CMMA_PLANES, COL_SUM_BLOCK, FMA_BM, FMA_BN, FMA_THREADS,
+};
+use crate::error::KernelError;
+use crate::util::{
+    FloatDType, check_grid, check_out_view, check_runtime_dtype, check_view, expect_shape, raw_arg,
+    to_u32,
+};
+use cubecl::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind, StorageType};
+use cubecl::prelude::*;
+use fma::{OperandLaunch, SKIP_NONE, SKIP_ZERO_RHS};
+
+/// Which GEMM kernel runs for a given (dtype, K, N, device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmPath {
+    /// Scalar fused multiply-add chain: `acc = fma(a[i,k], b[k,j], acc)` for k ascending, f32.
+    /// Tile 64×64×16 (see [`crate::consts`]).
+    Fma,
+    /// Cooperative-matrix (tensor core) kernel: fragments `frag_m×frag_n×frag_k` with f32
+    /// accumulators, block `block_m×block_n`, K staged `block_k` deep, ascending.
+    Cmma {
+        /// Fragment m.
+        frag_m: u32,
+        /// Fragment n.
+        frag_n: u32,
+        /// Fragment k.
+        frag_k: u32,
+        /// Rows of output per cube.
+        block_m: u32,
+        /// Columns of output per cube.
+        block_n: u32,
+        /// K depth of one shared-memory stage.
+        block_k: u32,
+        /// Units per plane used at launch (the device's plane width).
+        plane_size: u32,
+    },
+}
+
+impl core::fmt::Display for GemmPath {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            GemmPath::Fma => write!(
+                f,
+                "fma (f32 fused multiply-add chain, tile {FMA_BM}x{FMA_BN}x{}, k ascending)",
+                crate::consts::FMA_BK
+            ),
+            GemmPath::Cmma {
+                frag_m,
+                frag_n,
+                frag_k,
+                block_m,
+                block_n,
+                block_k,
+                plane_size,
+            } => write!(
+                f,
+                "cmma (fragments {frag_m}x{frag_n}x{frag_k}, f32 accumulators, block \
+                 {block_m}x{block_n}x{block_k}, plane {plane_size}, k ascending)"
+            ),
+        }
+    }
+}
+
+/// Whether the cooperative-matrix kernel can run for `dtype` on this client: the runtime must
+/// advertise a 16×16×16 `dtype × dtype → f32` CMMA configuration and a fixed plane width.
+pub fn cmma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType) -> bool {
+    let kind = match dtype {
+        StorageType::Scalar(ElemType::Float(k @ (FloatKind::F16 | FloatKind::BF16))) => k,
+        _ => return false,
+    };
+    let ab: StorageType = ElemType::Float(kind).into();
+    let cfg = MmaConfig {
+        a_type: ab,
+        b_type: ab,
+        cd_type: ElemType::Float(FloatKind::F32).into(),
+        m: CMMA_FRAG as u32,
+        n: CMMA_FRAG as u32,
+        k: CMMA_FRAG as u32,
+    };
+    let hw = &client.properties().hardware;
+    let plane = hw.plane_size_max;
+    client.features().matmul.cmma.contains(&cfg)
+        && hw.plane_size_min == hw.plane_size_max
+        && (plane == 32 || plane == 64)
+        && (plane as usize * CMMA_PLANES) <= hw.max_units_per_cube as usize
+}
+
+/// The GEMM kernel [`matmul`] uses for (`dtype`, `k`, `n`) on this client.
+///
+/// The choice depends only on the dtype and the device capabilities (and is documented to
+/// possibly depend on K and N in future versions), **never on M**: f32 → [`GemmPath::Fma`];
+/// f16 / bf16 → [`GemmPath::Cmma`] where [`cmma_supported`], otherwise [`GemmPath::Fma`].
+pub fn matmul_path<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+    k: usize,
+    n: usize,
+) -> Result<GemmPath, KernelError> {
+    let _ = (k, n);
+    let dt = FloatDType::from_storage("dtype", dtype)?;
+    check_runtime_dtype(client, "dtype", dt.storage())?;
+    if dt != FloatDType::F32 && cmma_supported(client, dt.storage()) {
+        Ok(GemmPath::Cmma {
+            frag_m: CMMA_FRAG as u32,
+            frag_n: CMMA_FRAG as u32,
+            frag_k: CMMA_FRAG as u32,
+            block_m: CMMA_BM as u32,
+            block_n: CMMA_BN as u32,
+            block_k: CMMA_BK as u32,
+            plane_size: client.properties().hardware.plane_size_max,
+        })
+    } else {
+        Ok(GemmPath::Fma)
+    }
+}
+
+/// One operand as the FMA kernel sees it: buffer, dtype and layout.
+pub(crate) struct Mat<'a, R: Runtime> {
+    pub buf: &'a TensorBinding<R>,
+    pub dtype: StorageType,
+    pub offset: u32,
+    pub s0: u32,
+    pub s1: u32,
+}
+
+impl<'a, R: Runtime> Mat<'a, R> {
+    /// A copy of this descriptor (same buffer reference).
+    pub(crate) fn shallow(&self) -> Mat<'a, R> {
+        Mat {
+            buf: self.buf,
+            dtype: self.dtype,
+            offset: self.offset,
+            s0: self.s0,
+            s1: self.s1,
+        }
+    }
+
+    fn launch(&self) -> OperandLaunch<R> {
+        OperandLaunch::new(self.offset, self.s0, self.s1)
+    }
+}
+
+/// Bias vector: buffer, offset, stride (same dtype as the rhs).
+pub(crate) struct Vec1<'a, R: Runtime> {
+    pub buf: &'a TensorBinding<R>,
+    pub offset: u32,
+    pub stride: u32,
+}
+
+/// Launch the FMA kernel on explicit layouts (shapes already validated by the caller).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_fma<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: &Mat<'_, R>,
+    rhs: &Mat<'_, R>,
+    bias: Option<&Vec1<'_, R>>,
+    out: &Mat<'_, R>,
+    m: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+    skip_zero: u32,
+) -> Result<(), KernelError> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (gx, gy) = check_grid(client, "out", m.div_ceil(FMA_BM), n.div_ceil(FMA_BN))?;
+    let m32 = to_u32("lhs", "M", m)?;
+    let k32 = to_u32("lhs", "K", k)?;
+    let n32 = to_u32("rhs", "N", n)?;
+    let (bias_buf, bias_off, bias_stride) = match bias {
+        Some(b) => (b.buf, b.offset, b.stride),
+        None => (rhs.buf, 0, 0),
+    };
+    unsafe {
+        fma::gemm_fma_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_2d(FMA_THREADS as u32, FMA_THREADS as u32),
+            raw_arg(lhs.buf),
+            lhs.launch(),
+            raw_arg(rhs.buf),
+            rhs.launch(),
+            raw_arg(bias_buf),
+            bias_off,
+            bias_stride,
+            raw_arg(out.buf),
+            out.launch(),
+            m32,
+            k32,
+            n32,
+            bias.is_some(),
+            accumulate,
+            skip_zero,
+            [lhs.dtype, rhs.dtype, out.dtype],
+        );
+    }
+    Ok(())
+}
+
+struct Checked {
+    dt: FloatDType,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+fn check_gemm<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: &TensorBinding<R>,
+    rhs: &TensorBinding<R>,
+    bias: Option<&TensorBinding<R>>,
+    out: &TensorBinding<R>,
+    dtype: StorageType,
+) -> Result<(Checked, [crate::util::View; 3], Option<crate::util::View>), KernelError> {
+    let dt = FloatDType::from_storage("dtype", dtype)?;
+    check_runtime_dtype(client, "dtype", dt.storage())?;
+    let es = dt.size();
+    let lv = check_view("lhs", lhs, 2, es)?;
+    let rv = check_view("rhs", rhs, 2, es)?;
+    let ov = check_out_view("out", out, 2, es)?;
+    let (m, k) = (lv.dim(0), lv.dim(1));
+    if rv.dim(0) != k {
+        return Err(KernelError::Shape {
+            arg: "rhs",
+            expected: format!("[{k}, N] (rows = lhs columns)"),
+            got: rv.shape.clone(),
+        });
+    }
+    let n = rv.dim(1);
+    expect_shape("out", &ov, &[m, n])?;
+    let bv = match bias {
+        Some(b) => {
+            let bv = check_view("bias", b, 1, es)?;
+            expect_shape("bias", &bv, &[n])?;
+            Some(bv)
+        }
+        None => None,
+    };
+    Ok((Checked { dt, m, k, n }, [lv, rv, ov], bv))
+}
+
+/// `out = lhs · rhs (+ bias)`, row-invariant and deterministic.
+///
+/// * `lhs` `[M, K]`, `rhs` `[K, N]`, `bias` `[N]`, `out` `[M, N]`: any strides (transposed views
+///   included; `out` must not self-alias), all of dtype `dtype` (f32 / f16 / bf16).
+/// * Accumulation in f32; bias added in f32; one final rounding to `dtype`.
+/// * The kernel is chosen by [`matmul_path`] (never by M). Returns the path that ran.
+pub fn matmul<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: &TensorBinding<R>,
+    rhs: &TensorBinding<R>,
+    bias: Option<&TensorBinding<R>>,
+    out: &TensorBinding<R>,
+    dtype: StorageType,
+) -> Result<GemmPath, KernelError> {
+    let (c, [lv, rv, ov], bv) = check_gemm(client, lhs, rhs, bias, out, dtype)?;
+    let path = matmul_path(client, dtype, c.k, c.n)?;
+    let st = c.dt.storage();
+    let lm = Mat {
+        buf: lhs,
+        dtype: st,
+        offset: 0,
+        s0: lv.stride(0) as u32,
+        s1: lv.stride(1) as u32,
+    };
+    let rm = Mat {
+        buf: rhs,
+        dtype: st,
+        offset: 0,
+        s0: rv.stride(0) as u32,
+        s1: rv.stride(1) as u32,
+    };
+    let om = Mat {
+        buf: out,
+        dtype: st,
+        offset: 0,
+        s0: ov.stride(0) as u32,
+        s1: ov.stride(1) as u32,
+    };
+    let bm = match (bias, &bv) {
+        (Some(b), Some(bv)) => Some(Vec1 {
+            buf: b,
+            offset: 0,
+            stride: bv.stride(0) as u32,
+        }),
+        _ => None,
+    };
+    match path {
+        GemmPath::Fma => launch_fma(
+            client,
+            &lm,
+            &rm,
+            bm.as_ref(),
+            &om,
+            c.m,
+            c.k,
+            c.n,
+            false,
+            SKIP_NONE,
+        )?,
+        GemmPath::Cmma { plane_size, .. } => {
+            if c.m == 0 || c.n == 0 {
+                return Ok(path);
+            }
+            let (gx, gy) = check_grid(client, "out", c.m.div_ceil(CMMA_BM), c.n.div_ceil(CMMA_BN))?;
+            let m32 = to_u32("lhs", "M", c.m)?;
+            let k32 = to_u32("lhs", "K", c.k)?;
+            let n32 = to_u32("rhs", "N", c.n)?;
+            let (bias_buf, bias_stride) = match &bm {
+                Some(b) => (b.buf, b.stride),
+                None => (rhs, 0),
+            };
+            unsafe {
+                cmma::gemm_cmma_kernel::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static(gx, gy, 1),
+                    CubeDim::new_2d(plane_size, CMMA_PLANES as u32),
+                    raw_arg(lhs),
+                    lm.launch(),
+                    raw_arg(rhs),
+                    rm.launch(),
+                    raw_arg(bias_buf),
+                    0,
+                    bias_stride,
+                    raw_arg(out),
+                    om.launch(),
+                    m32,
+                    k32,
+                    n32,
+                    bm.is_some(),
+                    st,
+                );
+            }
+        }
+    }
+    Ok(path)
+}
+
+/// The row-reduction product `out = lhs_t · dout`, for `dRhs = lhsᵀ · dOut`.
+///
+/// * `lhs_t` `[K, M]` is the transposed view of the forward lhs (pass strides `(1, K)` for a
+///   row-major `[M, K]` lhs — no copy), `dout` `[M, N]`, `out` `[K, N]`; one dtype.
+/// * Always the FMA kernel: `acc = fma(lhs[m,k], dout[m,n], acc)` for `m` ascending, walked in
+///   fixed 16-row stages (a constant, independent of M), f32, one final rounding. No split-K, no
+///   atomics, run-to-run deterministic.
+/// * Terms whose `dout` element is exactly zero are **skipped**, so appending rows whose `dOut`
+///   is zero leaves `out` bitwise unchanged — even when those rows of `lhs` hold NaN/Inf, and
+///   including the sign of zero. (This is the only difference from [`matmul`]'s arithmetic.)
+pub fn matmul_row_reduction<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs_t: &TensorBinding<R>,
+    dout: &TensorBinding<R>,
+    out: &TensorBinding<R>,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    let (c, [lv, rv, ov], _) = check_gemm(client, lhs_t, dout, None, out, dtype)?;
+    let st = c.dt.storage();
+    launch_fma(
+        client,
+        &Mat {
+            buf: lhs_t,
+            dtype: st,
+            offset: 0,
+            s0: lv.stride(0) as u32,
+            s1: lv.stride(1) as u32,
+        },
+        &Mat {
+            buf: dout,
+            dtype: st,
+            offset: 0,
+            s0: rv.stride(0) as u32,
+            s1: rv.stride(1) as u32,
+        },
+        None,
+        &Mat {
+            buf: out,
+            dtype: st,
+            offset: 0,
+            s0: ov.stride(0) as u32,
+            s1: ov.stride(1) as u32,
+        },
+        c.m,
+        c.k,
+        c.n,
+        false,
+        SKIP_ZERO_RHS,
+    )
+}
+
+/// Launch the column-sum kernel on explicit layouts.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_col_sum<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Mat<'_, R>,
+    out: &Vec1<'_, R>,
+    out_dtype: StorageType,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) -> Result<(), KernelError> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (gx, _) = check_grid(client, "out", n.div_ceil(COL_SUM_BLOCK), 1)?;
+    unsafe {
+        col_sum::col_sum_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, 1, 1),
+            CubeDim::new_1d(COL_SUM_BLOCK as u32),
+            raw_arg(x.buf),
+            x.launch(),
+            raw_arg(out.buf),
+            out.offset,
+            out.stride,
+            to_u32("x", "M", m)?,
+            to_u32("x", "N", n)?,
+            accumulate,
+            [x.dtype, out_dtype],
+        );
+    }
+    Ok(())
+}
+
+/// Launch the 2-D cast kernel on explicit layouts.
+pub(crate) fn launch_cast_2d<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Mat<'_, R>,
+    out: &Mat<'_, R>,
+    m: usize,
+    n: usize,
+) -> Result<(), KernelError> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let max_y = client.properties().hardware.max_cube_count.1 as usize;
+    let (gx, gy) = check_grid(client, "out", n.div_ceil(COL_SUM_BLOCK), m.min(max_y))?;
+    unsafe {
+        col_sum::cast_2d_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_1d(COL_SUM_BLOCK as u32),
+            raw_arg(x.buf),
+            x.launch(),
+            raw_arg(out.buf),
+            out.launch(),
+            to_u32("x", "M", m)?,
+            to_u32("x", "N", n)?,
+            [x.dtype, out.dtype],
+        );
+    }
+    Ok(())
+}
+
+/// `out[j] = Σ_i x[i, j]` (bias gradient): rows in ascending order, f32 accumulator starting at
+/// +0.0, one final rounding to `dtype`. `x` `[M, N]` any strides, `out` `[N]`.
+///
+/// Because the accumulator starts at +0.0 and IEEE addition never produces −0.0 from it, adding
+/// a zero is an exact no-op: appending rows of zeros leaves the result bitwise unchanged.
+pub fn col_sum<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &TensorBinding<R>,
+    out: &TensorBinding<R>,
+    dtype: StorageType,
+) -> Result<(), KernelError> {
+    let dt = FloatDType::from_storage("dtype", dtype)?;
+    check_runtime_dtype(client, "dtype", dt.storage())?;
+    let xv = check_view("x", x, 2, dt.size())?;
+    let ov = check_out_view("out", out, 1, dt.size())?;
+    let (m, n) = (xv.dim(0), xv.dim(1));
+    expect_shape("out", &ov, &[n])?;
+    launch_col_sum(
+        client,
+        &Mat {
+            buf: x,
+            dtype: dt.storage(),
+            offset: 0,
+            s0: xv.stride(0) as u32,
+            s1: xv.stride(1) as u32,
+        },
+        &Vec1 {
+            buf: out,
+            offset: 0,
+            stride: ov.stride(0) as u32,
+        },
+        dt.storage(),
+        m,
+        n,
+        false,
+    )
+}

@@ -1,0 +1,67 @@
+//! # burn-invariant-cubecl
+//!
+//! Portable [CubeCL](https://github.com/tracel-ai/cubecl) kernels for `burn-invariant`:
+//! a batch-invariant deterministic GEMM and a fused linear log-probability (LM head, log-softmax
+//! and target gather) that never materializes `[N, V]` logits. Every launch function is generic
+//! over `cubecl::Runtime` (CUDA, HIP, wgpu/Vulkan/Metal/WebGPU) and has no Burn dependency: the
+//! caller passes `TensorBinding`s (burn-cubecl's `CubeTensor::binding()`), allocates the outputs
+//! and the workspaces (sizes from the `*_workspace_len` functions), and gets a `Result`.
+//! Inputs are validated before any launch (rank, shapes, dtypes, runtime dtype support, buffer
+//! bounds of every strided view, 32-bit index range, grid size); kernels guard every index.
+//!
+//! ## Arithmetic contract
+//!
+//! ### GEMM ([`matmul`]): `out[M,N] = lhs[M,K] · rhs[K,N] (+ bias[N])`
+//! * f32 / f16 / bf16 (one dtype for all operands and the output); arbitrary 2-D strides for
+//!   `lhs`, `rhs`, `out` (transposed views need no copy).
+//! * **FMA path** ([`GemmPath::Fma`], always for f32, fallback for f16/bf16): per element
+//!   `acc = +0.0f32; for k in 0..K ascending { acc = fma(f32(lhs[i,k]), f32(rhs[k,j]), acc) }`,
+//!   then `acc = acc + f32(bias[j])`, then one rounding cast. The last partial K stage is bounded
+//!   by K (no padded `fma(0, 0, acc)` terms, so the sign of a zero is preserved). On CUDA this is
+//!   bitwise equal to a CPU `f32::mul_add` chain. On wgpu (WGSL) the `fma` builtin may be
+//!   evaluated unfused (lavapipe does), so bitwise equality with the CPU holds only where the
+//!   runtime emits a fused multiply-add (verified: CUDA); the result is still deterministic and
+//!   row-invariant everywhere.
+//! * **CMMA path** ([`GemmPath::Cmma`], f16/bf16 where the runtime advertises a 16×16×16
+//!   `x·x→f32` cooperative matrix, e.g. CUDA sm ≥ 70): tensor-core fragments with f32
+//!   accumulators, block 64×64, K staged 32 deep in ascending order, bias added in f32, one
+//!   rounding. Bits may differ from the FMA path; deterministic and row-invariant.
+//! * **Row invariance**: `out[i,:]` depends only on `lhs[i,:]`, `rhs`, `bias`. The kernel, tile
+//!   and K order are functions of (dtype, device capabilities) only ([`matmul_path`]) — never of
+//!   M. No split-K, no autotune, no atomics.
+//! * **Row reduction** ([`matmul_row_reduction`], for `dRhs = lhsᵀ · dOut`): the FMA kernel with
+//!   the transposed lhs view; reduces over M rows in ascending order in fixed 16-row stages;
+//!   terms whose `dOut` element is zero are skipped, so appended zero-gradient rows leave the
+//!   result bitwise unchanged. `dLhs = dOut · rhsᵀ` is plain [`matmul`] with a transposed view.
+//! * [`col_sum`] (`dBias`): ascending rows, f32 accumulator from +0.0, one rounding.
+//!
+//! ### Fused linear log-prob ([`linear_logp_forward`], [`linear_logp_backward`])
+//! * `z_ij = fma-chain_d(f32(hidden[i,d]) · f32(weight[j,d])) + f32(bias[j])` — bitwise the FMA
+//!   GEMM of `hidden · weightᵀ + bias`. Outputs f32 `stats[i] = (logp_i, lse_i)`.
+//! * Forward: the vocabulary is cut into `ceil(V / LOGP_SEGMENT)` fixed segments; in each, 64-wide
+//!   vocab tiles are walked in ascending order with an online softmax; segment partials (an
+//!   O(N) f32 workspace) are merged in ascending segment order. Backward recomputes the logits
+//!   tile by tile into a scratch bounded by `BWD_ROW_CHUNK × BWD_VOCAB_CHUNK` f32 (4 MiB).
+//!   No `[N, V]` buffer exists at any time.
+//! * `logp_i`, `lse_i` and `dHidden_i` depend only on row i (and the weight, bias, and row i's
+//!   upstream gradient). `dWeight`/`dBias` reduce rows in ascending order and ignore rows whose
+//!   upstream gradients are zero (bitwise).
+//! * Targets: i32, or i64 where [`runtime_supports`] says so (CUDA and wgpu both do). Ignored rows:
+//!   `logp = 0`, `lse` normal, no `g_logp` gradient. A non-ignored target outside `[0, V)` gives
+//!   `logp = NaN` and never an out-of-bounds access.
+//!
+//! All tile sizes are in [`consts`].
+
+pub mod consts;
+pub mod error;
+pub mod gemm;
+pub mod logp;
+pub mod util;
+
+pub use error::KernelError;
+pub use gemm::{GemmPath, cmma_supported, col_sum, matmul, matmul_path, matmul_row_reduction};
+pub use logp::{
+    LinearLogpGrads, LinearLogpInputs, linear_logp_backward, linear_logp_backward_workspace_len,
+    linear_logp_forward, linear_logp_forward_workspace_len, linear_logp_num_segments,
+};
+pub use util::{FloatDType, IndexDType, runtime_supports};
