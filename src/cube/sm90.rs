@@ -463,6 +463,37 @@ fn gemm_launch(
     );
 }
 
+/// One whole product `C[m, n]` (reduction length `k`) in `layout`, stored in a fresh buffer.
+fn product(
+    layout: Layout,
+    a: CubeTensor<CudaRuntime>,
+    b: CubeTensor<CudaRuntime>,
+    bias: Option<CubeTensor<CudaRuntime>>,
+    [m, n, k]: [usize; 3],
+) -> CubeTensor<CudaRuntime> {
+    let dtype = a.dtype;
+    let c = empty(&a, vec![m, n], dtype);
+    // Rows each operand's map covers, in the layout's storage order.
+    let (a_rows, b_rows) = match layout {
+        Layout::Nn => (m, k),
+        Layout::Nt => (m, n),
+        Layout::Tn => (k, k),
+    };
+    let bias = bias.map(into_contiguous);
+    let (a, b) = (Operand::new(a), Operand::new(b));
+    let maps = (a.map(0, a_rows), b.map(0, b_rows));
+    let out = GemmOut {
+        c: &c,
+        acc: None,
+        bias: bias.as_ref(),
+        flags: GEMM_STORE_C,
+        ldc: n,
+        c_offset: 0,
+    };
+    gemm_launch(layout, dtype, (&a, maps.0), (&b, maps.1), [m, n, k], out);
+    c
+}
+
 /// `lhs [M, K] · rhs [K, N] (+ bias)` (NN layout).
 pub(crate) fn matmul(
     lhs: CubeTensor<CudaRuntime>,
@@ -474,31 +505,11 @@ pub(crate) fn matmul(
         lhs.meta.shape()[1],
         rhs.meta.shape()[1],
     );
-    let dtype = lhs.dtype;
     if m == 0 || n == 0 || k == 0 {
-        // Nothing to reduce: the kernels need K ≥ 1.
+        // Nothing to reduce (the kernels need K ≥ 1): the output is the bias or zeros.
         return super::matmul(lhs, rhs, bias);
     }
-    let c = empty(&lhs, vec![m, n], dtype);
-    let bias = bias.map(into_contiguous);
-    let (a, b) = (Operand::new(lhs), Operand::new(rhs));
-    let maps = (a.map(0, m), b.map(0, k));
-    gemm_launch(
-        Layout::Nn,
-        dtype,
-        (&a, maps.0),
-        (&b, maps.1),
-        [m, n, k],
-        GemmOut {
-            c: &c,
-            acc: None,
-            bias: bias.as_ref(),
-            flags: GEMM_STORE_C,
-            ldc: n,
-            c_offset: 0,
-        },
-    );
-    c
+    product(Layout::Nn, lhs, rhs, bias, [m, n, k])
 }
 
 /// `grad [M, N] · rhsᵀ` with `rhs [K, N]` (NT layout): `[M, K]`.
@@ -511,29 +522,10 @@ pub(crate) fn matmul_grad_lhs(
         grad.meta.shape()[1],
         rhs.meta.shape()[0],
     );
-    let dtype = grad.dtype;
     if m == 0 || k == 0 || n == 0 {
-        return zeros(&grad, vec![m, k], dtype);
+        return zeros(&grad, vec![m, k], grad.dtype);
     }
-    let c = empty(&grad, vec![m, k], dtype);
-    let (a, b) = (Operand::new(grad), Operand::new(rhs));
-    let maps = (a.map(0, m), b.map(0, k));
-    gemm_launch(
-        Layout::Nt,
-        dtype,
-        (&a, maps.0),
-        (&b, maps.1),
-        [m, k, n],
-        GemmOut {
-            c: &c,
-            acc: None,
-            bias: None,
-            flags: GEMM_STORE_C,
-            ldc: k,
-            c_offset: 0,
-        },
-    );
-    c
+    product(Layout::Nt, grad, rhs, None, [m, k, n])
 }
 
 /// `lhsᵀ · grad` with `lhs [M, K]`, `grad [M, N]` (TN layout; the reduction runs over the
@@ -547,29 +539,10 @@ pub(crate) fn matmul_grad_rhs(
         lhs.meta.shape()[1],
         grad.meta.shape()[1],
     );
-    let dtype = grad.dtype;
     if m == 0 || k == 0 || n == 0 {
-        return zeros(&grad, vec![k, n], dtype);
+        return zeros(&grad, vec![k, n], grad.dtype);
     }
-    let c = empty(&grad, vec![k, n], dtype);
-    let (a, b) = (Operand::new(lhs), Operand::new(grad));
-    let maps = (a.map(0, m), b.map(0, m));
-    gemm_launch(
-        Layout::Tn,
-        dtype,
-        (&a, maps.0),
-        (&b, maps.1),
-        [k, n, m],
-        GemmOut {
-            c: &c,
-            acc: None,
-            bias: None,
-            flags: GEMM_STORE_C,
-            ldc: n,
-            c_offset: 0,
-        },
-    );
-    c
+    product(Layout::Tn, lhs, grad, None, [k, n, m])
 }
 
 /// Targets as contiguous i32 with ignored rows mapped to −1 (never a valid target), so an
