@@ -48,7 +48,7 @@ typedef Gmma<__nv_bfloat16, 256, 2, 4, 0, 0, 2> LogpCfgBf16;
 typedef Gmma<__half, 256, 2, 4, 0, 0, 2> LogpCfgF16;
 
 __device__ __forceinline__ float2 ms_combine(float2 a, float2 b) {
-  const float m = fmaxf(a.x, b.x);
+  const float m = max_nan(a.x, b.x);
   if (m == IB_NEG_INF) return make_float2(m, 0.f);
   // commutative: combine(a, b) and combine(b, a) give the same bits
   return make_float2(m, a.y * ex2((a.x - m) * IB_LOG2E) + b.y * ex2((b.x - m) * IB_LOG2E));
@@ -126,8 +126,8 @@ __device__ __forceinline__ void logp_fwd_body(const LogpFwdParams& p, const T* _
         for (int i = 0; i < 2; ++i) {
           float mx = IB_NEG_INF;
 #pragma unroll
-          for (int j = 0; j < G::BN / 8; ++j) mx = fmaxf(mx, fmaxf(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]));
-          const float mnew = fmaxf(mrun[i], mx);
+          for (int j = 0; j < G::BN / 8; ++j) mx = max_nan(mx, max_nan(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]));
+          const float mnew = max_nan(mrun[i], mx);
           if (mnew != IB_NEG_INF) {
             const float off = -mnew * IB_LOG2E;
             float e0 = 0.f, e1 = 0.f, e2 = 0.f, e3 = 0.f;  // fixed 4-way split of the tile sum
