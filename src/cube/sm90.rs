@@ -645,6 +645,21 @@ pub(crate) fn linear_logp(
     Ops::float_cat(vec![logp, lse], 1)
 }
 
+/// Flags of chunk `index` of `count` in an f32 accumulation over chunks: load the running sum
+/// after the first, store it before the last, write the rounded result at the last.
+fn chunk_flags(index: usize, count: usize, [load, store, finish]: [u32; 3]) -> u32 {
+    let mut flags = 0;
+    if index > 0 {
+        flags |= load;
+    }
+    if index + 1 < count {
+        flags |= store;
+    } else {
+        flags |= finish;
+    }
+    flags
+}
+
 /// Gradients of the backward: `(dHidden, dWeight, dBias)`.
 pub(crate) type LogpGrads = (
     CubeTensor<CudaRuntime>,
@@ -706,17 +721,11 @@ pub(crate) fn linear_logp_backward(
             let (t0, tw) = (ti * TOKEN_CHUNK, TOKEN_CHUNK.min(n - ti * TOKEN_CHUNK));
             let mut flags = base;
             if bias.is_some() {
-                flags |= if ti > 0 { DBIAS_ACC_LOAD } else { 0 }
-                    | if ti + 1 < token_chunks {
-                        DBIAS_ACC_STORE
-                    } else {
-                        0
-                    }
-                    | if ti + 1 == token_chunks {
-                        DBIAS_STORE
-                    } else {
-                        0
-                    };
+                flags |= chunk_flags(
+                    ti,
+                    token_chunks,
+                    [DBIAS_ACC_LOAD, DBIAS_ACC_STORE, DBIAS_STORE],
+                );
             }
             let params = || {
                 Params::new(h.map(t0, tw), w.map(v0, vw))
@@ -782,17 +791,11 @@ pub(crate) fn linear_logp_backward(
             // dz's map covers only the live chunk: tw rows × vw columns.
             let dz_map = tensor_map(dtype, dz.ptr, tw, vw, dz.ld);
             // dH[t0..t0+tw] (+)= dz · W[v0..v0+vw], reduction over this vocabulary chunk.
-            let flags_h = if vi > 0 { GEMM_ACC_LOAD } else { 0 }
-                | if vi + 1 < vocab_chunks {
-                    GEMM_ACC_STORE
-                } else {
-                    0
-                }
-                | if vi + 1 == vocab_chunks {
-                    GEMM_STORE_C
-                } else {
-                    0
-                };
+            let flags_h = chunk_flags(
+                vi,
+                vocab_chunks,
+                [GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C],
+            );
             gemm_launch(
                 Layout::Nn,
                 dtype,
@@ -809,17 +812,11 @@ pub(crate) fn linear_logp_backward(
                 },
             );
             // dW[v0..v0+vw] (+)= dzᵀ · H[t0..t0+tw], reduction over this token chunk.
-            let flags_w = if ti > 0 { GEMM_ACC_LOAD } else { 0 }
-                | if ti + 1 < token_chunks {
-                    GEMM_ACC_STORE
-                } else {
-                    0
-                }
-                | if ti + 1 == token_chunks {
-                    GEMM_STORE_C
-                } else {
-                    0
-                };
+            let flags_w = chunk_flags(
+                ti,
+                token_chunks,
+                [GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C],
+            );
             gemm_launch(
                 Layout::Tn,
                 dtype,
