@@ -1,21 +1,27 @@
 //! Vocabulary-sharded (tensor-parallel) `linear_logp`: shard an LM head over `world` ranks,
-//! one CPU thread per rank with the in-process group, run forward + backward, and check
+//! run forward + backward, and check
 //!  - TP-size invariance: logp, lse and dHidden bitwise equal to the world-1 TP run (when the
 //!    world size divides 8, so the shards fall on segment boundaries);
-//!  - agreement with the single-rank `linear_logp` within rounding.
+//!  - agreement with the single-rank `linear_logp` within rounding;
 //!
-//! `cargo run --release --example tp_linear_logp -- [world] [tokens] [hidden] [vocab]`
-//! (defaults 4, 64, 128, 8192). CPU (NdArray reference) only for now; multi-GPU runs need the
-//! NCCL group.
-use std::sync::Arc;
+//! and print the forward+backward time of every world size (median of `iters` runs, each rank
+//! synchronised with its device; the slowest rank counts).
+//!
+//! ```text
+//! cargo run --release --example tp_linear_logp -- [world] [tokens] [hidden] [vocab] [iters]
+//! cargo run --release --features cuda --example tp_linear_logp -- --cuda 4 4096 2048 131072 5
+//! ```
+//! Defaults: world 4, N 64, D 128, V 8192, 1 iteration. CPU mode runs one thread per rank on
+//! the NdArray reference with the in-process group. `--cuda` runs one thread per GPU (bf16,
+//! `CubeBackend<CudaRuntime>`, the registry's choice of kernels) with one NCCL communicator
+//! per GPU; it needs `world` visible GPUs.
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use burn::tensor::{Int, Tensor, TensorData};
-use burn_invariant::tp::{self, InProcessGroup, VocabShard};
-use burn_invariant::{LinearLogpOptions, linear_logp_with_lse};
-
-type Inner = burn::backend::NdArray<f32>;
-type Train = burn::backend::Autodiff<Inner>;
+use burn::backend::Autodiff;
+use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
+use burn_invariant::tp::{self, Collective, InProcessGroup, VocabShard};
+use burn_invariant::{InvariantBackend, LinearLogpOptions, linear_logp_with_lse};
 
 const PAD: i64 = -100;
 
@@ -29,13 +35,12 @@ struct Data {
     targets: Vec<i64>,
 }
 
-/// logp, lse, dHidden (rank 0's; every rank has the same), timings.
+/// logp, lse, dHidden (rank 0's; every rank has the same) and the median time.
 struct Run {
     logp: Vec<f32>,
     lse: Vec<f32>,
     dhidden: Vec<f32>,
-    forward: Duration,
-    backward: Duration,
+    time: Duration,
 }
 
 fn data(n: usize, d: usize, v: usize) -> Data {
@@ -70,69 +75,145 @@ fn data(n: usize, d: usize, v: usize) -> Data {
     }
 }
 
-fn tensor<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> Tensor<Train, D> {
-    Tensor::from_data(TensorData::new(values, shape), &Default::default())
+/// Where the ranks run: backend, devices, dtype and the collective group.
+trait Platform: Send + Sync + 'static {
+    type B: InvariantBackend;
+    type G: Collective<Autodiff<Self::B>> + Clone + Send + 'static;
+    fn name(&self) -> String;
+    fn dtype(&self) -> DType;
+    fn device(&self, rank: usize) -> burn::tensor::Device<Self::B>;
+    fn groups(&self, world: usize) -> Vec<Self::G>;
 }
 
-fn targets(data: &Data) -> Tensor<Train, 1, Int> {
-    Tensor::from_data(
-        TensorData::new(data.targets.clone(), [data.n]),
-        &Default::default(),
-    )
+struct Cpu;
+
+impl Platform for Cpu {
+    type B = burn::backend::NdArray<f32>;
+    type G = InProcessGroup;
+    fn name(&self) -> String {
+        "one CPU thread per rank (NdArray reference, f32, in-process group)".into()
+    }
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+    fn device(&self, _rank: usize) -> burn::tensor::Device<Self::B> {
+        Default::default()
+    }
+    fn groups(&self, world: usize) -> Vec<Self::G> {
+        InProcessGroup::new(world)
+    }
 }
 
-fn host<const D: usize>(t: Tensor<Inner, D>) -> Vec<f32> {
-    t.into_data().to_vec().expect("f32 data")
+#[cfg(feature = "cuda")]
+struct Gpu;
+
+#[cfg(feature = "cuda")]
+impl Platform for Gpu {
+    type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    type G = tp::NcclGroup;
+    fn name(&self) -> String {
+        "one CUDA GPU per rank (bf16, NCCL group)".into()
+    }
+    fn dtype(&self) -> DType {
+        DType::BF16
+    }
+    fn device(&self, rank: usize) -> burn::tensor::Device<Self::B> {
+        cubecl::cuda::CudaDevice::new(rank)
+    }
+    fn groups(&self, world: usize) -> Vec<Self::G> {
+        let devices: Vec<_> = (0..world).map(|r| self.device(r)).collect();
+        tp::NcclGroup::for_devices(&devices).expect("NCCL group")
+    }
+}
+
+fn tensor<B: Backend, const D: usize>(
+    values: Vec<f32>,
+    shape: [usize; D],
+    device: &B::Device,
+    dtype: DType,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(values, shape), (device, dtype))
+}
+
+fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.cast(DType::F32).into_data().to_vec().expect("f32 data")
+}
+
+fn targets<B: Backend>(data: &Data, device: &B::Device) -> Tensor<B, 1, Int> {
+    Tensor::from_data(TensorData::new(data.targets.clone(), [data.n]), device)
 }
 
 /// Upstream gradients: `Σ logp + 0.1·Σ lse` (a z-loss-like term exercises dLse).
-fn loss(logp: Tensor<Train, 1>, lse: Tensor<Train, 1>) -> Tensor<Train, 1> {
+fn loss<B: Backend>(logp: Tensor<B, 1>, lse: Tensor<B, 1>) -> Tensor<B, 1> {
     logp.sum() + lse.sum() * 0.1
 }
 
-fn run_tp(data: &Arc<Data>, world: usize) -> Run {
-    let groups = InProcessGroup::new(world);
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort_unstable();
+    times[times.len() / 2]
+}
+
+fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters: usize) -> Run {
+    let groups = platform.groups(world);
+    let barrier = Arc::new(Barrier::new(world));
     let threads: Vec<_> = groups
         .into_iter()
         .enumerate()
         .map(|(rank, group)| {
-            let data = data.clone();
+            let (platform, data, barrier) = (platform.clone(), data.clone(), barrier.clone());
             std::thread::spawn(move || {
+                type AD<P> = Autodiff<<P as Platform>::B>;
+                let (device, dtype) = (platform.device(rank), platform.dtype());
                 let shard = VocabShard::split(rank, world, data.v);
                 let rows = shard.range();
-                let hidden = tensor(data.hidden.clone(), [data.n, data.d]).require_grad();
-                let weight = tensor(
+                let hidden =
+                    tensor::<AD<P>, 2>(data.hidden.clone(), [data.n, data.d], &device, dtype);
+                let weight = tensor::<AD<P>, 2>(
                     data.weight[rows.start * data.d..rows.end * data.d].to_vec(),
                     [shard.len(), data.d],
-                )
-                .require_grad();
-                let bias = tensor(data.bias[rows].to_vec(), [shard.len()]).require_grad();
+                    &device,
+                    dtype,
+                );
+                let bias =
+                    tensor::<AD<P>, 1>(data.bias[rows].to_vec(), [shard.len()], &device, dtype);
+                let targets = targets::<AD<P>>(&data, &device);
                 let options = LinearLogpOptions::default().with_ignore_index(PAD);
-                let start = Instant::now();
-                let (logp, lse) = tp::linear_logp_with_lse(
-                    hidden.clone(),
-                    weight.clone(),
-                    targets(&data),
-                    Some(bias.clone()),
-                    &shard,
-                    &group,
-                    &options,
-                )
-                .expect("tp::linear_logp_with_lse");
-                let (logp_host, lse_host) = (host(logp.clone().inner()), host(lse.clone().inner()));
-                let forward = start.elapsed();
-                let start = Instant::now();
-                let grads = loss(logp, lse).backward();
-                let dhidden = host(hidden.grad(&grads).expect("dHidden"));
-                // dWeight/dBias of this shard, materialized so the timing includes them.
-                let _ = host(weight.grad(&grads).expect("dWeight"));
-                let _ = host(bias.grad(&grads).expect("dBias"));
+                let mut times = Vec::new();
+                let mut last = None;
+                // One untimed warm-up (kernel compilation, NCCL connections), then `iters`.
+                for _ in 0..=iters {
+                    let (hidden, weight, bias) = (
+                        hidden.clone().require_grad(),
+                        weight.clone().require_grad(),
+                        bias.clone().require_grad(),
+                    );
+                    <P::B as Backend>::sync(&device).expect("device sync");
+                    barrier.wait();
+                    let start = Instant::now();
+                    let (logp, lse) = tp::linear_logp_with_lse(
+                        hidden.clone(),
+                        weight.clone(),
+                        targets.clone(),
+                        Some(bias.clone()),
+                        &shard,
+                        &group,
+                        &options,
+                    )
+                    .expect("tp::linear_logp_with_lse");
+                    let grads = loss(logp.clone(), lse.clone()).backward();
+                    let dhidden = hidden.grad(&grads).expect("dHidden");
+                    // dWeight/dBias of this shard are computed whether read or not.
+                    let _ = (weight.grad(&grads), bias.grad(&grads));
+                    <P::B as Backend>::sync(&device).expect("device sync");
+                    times.push(start.elapsed());
+                    last = Some((logp.inner(), lse.inner(), dhidden));
+                }
+                let (logp, lse, dhidden) = last.expect("at least one run");
                 Run {
-                    logp: logp_host,
-                    lse: lse_host,
-                    dhidden,
-                    forward,
-                    backward: start.elapsed(),
+                    logp: host(logp),
+                    lse: host(lse),
+                    dhidden: host(dhidden),
+                    time: median(times[1..].to_vec()),
                 }
             })
         })
@@ -141,36 +222,45 @@ fn run_tp(data: &Arc<Data>, world: usize) -> Run {
         .into_iter()
         .map(|t| t.join().expect("rank thread"))
         .collect();
-    let forward = runs.iter().map(|r| r.forward).max().unwrap_or_default();
-    let backward = runs.iter().map(|r| r.backward).max().unwrap_or_default();
+    let time = runs.iter().map(|r| r.time).max().unwrap_or_default();
     let first = runs.into_iter().next().expect("world ≥ 1");
-    Run {
-        forward,
-        backward,
-        ..first
-    }
+    Run { time, ..first }
 }
 
-fn run_single(data: &Data) -> Run {
-    let hidden = tensor(data.hidden.clone(), [data.n, data.d]).require_grad();
-    let weight = tensor(data.weight.clone(), [data.v, data.d]).require_grad();
-    let bias = tensor(data.bias.clone(), [data.v]).require_grad();
+fn run_single<P: Platform>(platform: &P, data: &Data, iters: usize) -> Run {
+    type AD<P> = Autodiff<<P as Platform>::B>;
+    let (device, dtype) = (platform.device(0), platform.dtype());
     let options = LinearLogpOptions::default().with_ignore_index(PAD);
-    let start = Instant::now();
-    let (logp, lse) =
-        linear_logp_with_lse(hidden.clone(), weight, targets(data), Some(bias), &options)
-            .expect("linear_logp_with_lse");
-    let (logp_host, lse_host) = (host(logp.clone().inner()), host(lse.clone().inner()));
-    let forward = start.elapsed();
-    let start = Instant::now();
-    let grads = loss(logp, lse).backward();
-    let dhidden = host(hidden.grad(&grads).expect("dHidden"));
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..=iters {
+        let hidden = tensor::<AD<P>, 2>(data.hidden.clone(), [data.n, data.d], &device, dtype)
+            .require_grad();
+        let weight = tensor::<AD<P>, 2>(data.weight.clone(), [data.v, data.d], &device, dtype)
+            .require_grad();
+        let bias = tensor::<AD<P>, 1>(data.bias.clone(), [data.v], &device, dtype).require_grad();
+        <P::B as Backend>::sync(&device).expect("device sync");
+        let start = Instant::now();
+        let (logp, lse) = linear_logp_with_lse(
+            hidden.clone(),
+            weight,
+            targets::<AD<P>>(data, &device),
+            Some(bias),
+            &options,
+        )
+        .expect("linear_logp_with_lse");
+        let grads = loss(logp.clone(), lse.clone()).backward();
+        let dhidden = hidden.grad(&grads).expect("dHidden");
+        <P::B as Backend>::sync(&device).expect("device sync");
+        times.push(start.elapsed());
+        last = Some((logp.inner(), lse.inner(), dhidden));
+    }
+    let (logp, lse, dhidden) = last.expect("at least one run");
     Run {
-        logp: logp_host,
-        lse: lse_host,
-        dhidden,
-        forward,
-        backward: start.elapsed(),
+        logp: host(logp),
+        lse: host(lse),
+        dhidden: host(dhidden),
+        time: median(times[1..].to_vec()),
     }
 }
 
@@ -185,26 +275,24 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse()
-                .expect("arguments are numbers: [world] [tokens] [hidden] [vocab]")
-        })
-        .collect();
-    let arg = |i: usize, default: usize| args.get(i).copied().unwrap_or(default);
-    let (world, n, d, v) = (arg(0, 4), arg(1, 64), arg(2, 128), arg(3, 8192));
-    println!("tp_linear_logp: world {world}, N = {n}, D = {d}, V = {v}, one CPU thread per rank");
-    let data = Arc::new(data(n, d, v));
-
-    let single = run_single(&data);
+fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, iters: usize) -> bool {
     println!(
-        "single-rank linear_logp: forward {:>8.1?}  backward {:>8.1?}",
-        single.forward, single.backward
+        "tp_linear_logp: world {world}, N = {n}, D = {d}, V = {v}, {}; forward+backward, \
+         median of {iters}",
+        platform.name()
     );
+    let platform = Arc::new(platform);
+    let data = Arc::new(data(n, d, v));
+    let single = run_single(&*platform, &data, iters);
+    println!("single-rank linear_logp: {:>10.3?}", single.time);
+    // Within rounding of the single-rank API (a different summation order); bf16 inputs
+    // round dHidden once per leaf.
+    let tolerance = if platform.dtype() == DType::F32 {
+        1e-4
+    } else {
+        2e-2
+    };
     let mut ok = true;
-    // Within rounding of the single-rank API (a different summation order).
     let mut close_to_single = |run: &Run| {
         let (dl, dz, dh) = (
             max_abs_diff(&run.logp, &single.logp),
@@ -212,23 +300,27 @@ fn main() {
             max_abs_diff(&run.dhidden, &single.dhidden),
         );
         println!("  vs single-rank API, max |diff|: logp {dl:.2e}, lse {dz:.2e}, dHidden {dh:.2e}");
-        ok &= dl <= 1e-4 && dz <= 1e-4 && dh <= 1e-4;
+        ok &= dl <= tolerance && dz <= tolerance && dh <= tolerance;
     };
-    let base = run_tp(&data, 1);
-    println!(
-        "tp world 1             : forward {:>8.1?}  backward {:>8.1?}",
-        base.forward, base.backward
-    );
+    let base = run_tp(&platform, &data, 1, iters);
+    println!("tp world 1             : {:>10.3?}", base.time);
     close_to_single(&base);
     let mut worlds = vec![world];
     worlds.extend([2, 4, 8].into_iter().filter(|&w| w < world));
     worlds.sort_unstable();
     let mut bitwise = true;
     for w in worlds.into_iter().filter(|&w| w > 1) {
-        let run = run_tp(&data, w);
+        let run = run_tp(&platform, &data, w, iters);
         println!(
-            "tp world {w}             : forward {:>8.1?}  backward {:>8.1?}",
-            run.forward, run.backward
+            "tp world {w}             : {:>10.3?}  ({:.3}× world 1)",
+            run.time,
+            run.time.as_secs_f64() / base.time.as_secs_f64()
+        );
+        println!(
+            "RESULT tp_fwd_bwd world={w} n={n} d={d} v={v} ms={:.3} world1_ms={:.3} ratio={:.3}",
+            run.time.as_secs_f64() * 1e3,
+            base.time.as_secs_f64() * 1e3,
+            run.time.as_secs_f64() / base.time.as_secs_f64()
         );
         close_to_single(&run);
         if 8usize.is_multiple_of(w) {
@@ -241,7 +333,43 @@ fn main() {
             println!("  world {w} does not divide 8: correct, but not bitwise comparable");
         }
     }
-    ok &= bitwise;
+    ok && bitwise
+}
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let cuda = args.first().is_some_and(|a| a == "--cuda");
+    if cuda {
+        args.remove(0);
+    }
+    let numbers: Vec<usize> = args
+        .iter()
+        .map(|a| {
+            a.parse()
+                .expect("arguments: [--cuda] [world] [tokens] [hidden] [vocab] [iters]")
+        })
+        .collect();
+    let arg = |i: usize, default: usize| numbers.get(i).copied().unwrap_or(default);
+    let (world, n, d, v, iters) = (
+        arg(0, 4),
+        arg(1, 64),
+        arg(2, 128),
+        arg(3, 8192),
+        arg(4, 1).max(1),
+    );
+    let ok = if cuda {
+        #[cfg(feature = "cuda")]
+        {
+            run(Gpu, world, n, d, v, iters)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            eprintln!("--cuda needs the `cuda` feature: cargo run --features cuda --example ...");
+            std::process::exit(2);
+        }
+    } else {
+        run(Cpu, world, n, d, v, iters)
+    };
     println!("{}", if ok { "OK" } else { "FAILED" });
     if !ok {
         std::process::exit(1);

@@ -92,3 +92,256 @@ mod cuda {
         invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::BF16], other_dtype: burn::tensor::DType::F16);
     }
 }
+
+/// Sm90 under Fusion: the Sm90 primitives of `Fusion<CubeBackend<Cuda>>` with inputs made in
+/// several ways (fused producers and consumers, slices, gathers: Fusion's outputs are dense,
+/// the raw backend's are pitched) give the raw backend's bits.
+#[cfg(feature = "cuda")]
+mod fusion_sm90 {
+    use super::common::{Rng, float};
+    use burn::tensor::{DType, Tensor, TensorPrimitive};
+    use burn_invariant::InvariantBackend;
+    use burn_invariant::registry::Implementation;
+
+    type Raw = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    type Fused = burn_fusion::Fusion<Raw>;
+
+    fn matmul<B: InvariantBackend>(l: Tensor<B, 2>, r: Tensor<B, 2>) -> Tensor<B, 2> {
+        Tensor::from_primitive(TensorPrimitive::Float(B::invariant_matmul(
+            l.into_primitive().tensor(),
+            r.into_primitive().tensor(),
+            None,
+            Implementation::Sm90,
+        )))
+    }
+
+    fn bits<B: burn::tensor::backend::Backend>(t: Tensor<B, 2>) -> Vec<u32> {
+        t.cast(DType::F32)
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+
+    #[test]
+    #[serial_test::serial]
+    fn sm90_primitives_under_fusion_match_the_raw_backend() {
+        let Some(device) = super::cuda::device() else {
+            return;
+        };
+        let (m, k, n) = (200, 136, 264);
+        let mut rng = Rng::new(7);
+        let (a, b) = (rng.vec(m * k, 1.0), rng.vec(k * n, 1.0));
+        let dt = DType::BF16;
+        let expected = bits(matmul::<Raw>(
+            float(a.clone(), [m, k], &device, dt),
+            float(b.clone(), [k, n], &device, dt),
+        ));
+        let fl = |v: &Vec<f32>, s: [usize; 2]| float::<Fused, 2>(v.clone(), s, &device, dt);
+        let variants: Vec<(&str, Vec<u32>)> = vec![
+            ("from_data", bits(matmul(fl(&a, [m, k]), fl(&b, [k, n])))),
+            (
+                "fused producers",
+                bits(matmul(fl(&a, [m, k]) * 1.0, fl(&b, [k, n]) * 1.0)),
+            ),
+            (
+                "fused consumer",
+                bits(matmul(fl(&a, [m, k]), fl(&b, [k, n])) + 0.0),
+            ),
+            ("synced inputs", {
+                let (x, y) = (fl(&a, [m, k]), fl(&b, [k, n]));
+                let _ = (x.clone().into_data(), y.clone().into_data());
+                bits(matmul(x, y))
+            }),
+            ("raw inputs registered", {
+                let x: Tensor<Raw, 2> = float(a.clone(), [m, k], &device, dt);
+                let y: Tensor<Raw, 2> = float(b.clone(), [k, n], &device, dt);
+                bits(matmul(
+                    Tensor::<Fused, 2>::from_data(x.into_data(), (&device, dt)),
+                    Tensor::<Fused, 2>::from_data(y.into_data(), (&device, dt)),
+                ))
+            }),
+        ];
+        // The suite's failing case under Fusion: chunked rows, several products queued.
+        let (m2, k2, n2) = (37, 53, 29);
+        let (a2, b2) = (rng.vec(m2 * k2, 1.0), rng.vec(k2 * n2, 1.0));
+        let raw_l: Tensor<Raw, 2> = float(a2.clone(), [m2, k2], &device, dt);
+        let raw_r: Tensor<Raw, 2> = float(b2.clone(), [k2, n2], &device, dt);
+        let expected2 = bits(matmul(raw_l, raw_r));
+        let (fl2, fr2) = (fl(&a2, [m2, k2]), fl(&b2, [k2, n2]));
+        let cuts = [0, 11, 30, m2];
+        let queued: Vec<Tensor<Fused, 2>> = cuts
+            .windows(2)
+            .map(|w| matmul(fl2.clone().slice([w[0]..w[1], 0..k2]), fr2.clone()))
+            .collect();
+        let one_by_one: Vec<u32> = cuts
+            .windows(2)
+            .flat_map(|w| bits(matmul(fl2.clone().slice([w[0]..w[1], 0..k2]), fr2.clone())))
+            .collect();
+        let materialized: Vec<u32> = cuts
+            .windows(2)
+            .flat_map(|w| {
+                let piece = fl2.clone().slice([w[0]..w[1], 0..k2]);
+                let piece = Tensor::<Fused, 2>::from_data(piece.into_data(), (&device, dt));
+                bits(matmul(piece, fr2.clone()))
+            })
+            .collect();
+        // The suite picks rows with `select` (a gather), not `slice`.
+        let gathered: Vec<u32> = cuts
+            .windows(2)
+            .flat_map(|w| {
+                let rows: Vec<i64> = (w[0] as i64..w[1] as i64).collect();
+                let index = super::common::ints::<Fused>(rows, &device);
+                bits(matmul(fl2.clone().select(0, index), fr2.clone()))
+            })
+            .collect();
+        let whole = bits(matmul(fl2.clone(), fr2.clone()));
+        let queued: Vec<u32> = queued.into_iter().flat_map(bits).collect();
+        let mut failed = Vec::new();
+        for (name, got) in [
+            ("37x53x29 whole", &whole),
+            ("37x53x29 chunks queued", &queued),
+            ("37x53x29 chunks one by one", &one_by_one),
+            ("37x53x29 chunks materialized", &materialized),
+            ("37x53x29 chunks gathered", &gathered),
+        ] {
+            let differ = got.iter().zip(&expected2).filter(|(g, e)| g != e).count();
+            let rows: Vec<usize> = (0..m2)
+                .filter(|r| (0..n2).any(|c| got[r * n2 + c] != expected2[r * n2 + c]))
+                .collect();
+            eprintln!(
+                "fusion sm90 {name}: {differ}/{} differ, rows {rows:?}",
+                got.len()
+            );
+            if differ > 0 {
+                failed.push(name);
+            }
+        }
+        for (name, got) in &variants {
+            let differ = got.iter().zip(&expected).filter(|(g, e)| g != e).count();
+            let first = got.iter().zip(&expected).position(|(g, e)| g != e);
+            eprintln!(
+                "fusion sm90 matmul [{m}x{k}]·[{k}x{n}] {name}: {differ}/{} differ, first at {first:?} (got {:?}, expected {:?})",
+                expected.len(),
+                first.map(|i| f32::from_bits(got[i])),
+                first.map(|i| f32::from_bits(expected[i]))
+            );
+            if differ > 0 {
+                failed.push(*name);
+            }
+        }
+        assert!(failed.is_empty(), "Sm90 under Fusion differs: {failed:?}");
+    }
+}
+
+/// SPEC §6 at production size on the GPU: a row's bits do not depend on whether it is scored
+/// alone (M = 1), in a batch of 4096, or in chunked-prefill pieces cut off tile boundaries.
+#[cfg(feature = "cuda")]
+mod cuda_large_batch {
+    use super::common::{Rng, assert_bits_eq, float, ints};
+    use burn::tensor::{DType, Tensor};
+    use burn_invariant::LinearLogpOptions;
+    use serial_test::serial;
+
+    type Raw = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+    const M: usize = 4096;
+    const CUTS: [usize; 4] = [0, 1000, 3333, M];
+    const PROBES: [usize; 4] = [0, 1, 2047, M - 1];
+
+    fn bits<const D: usize>(t: Tensor<Raw, D>) -> Vec<u64> {
+        t.cast(DType::F32)
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits() as u64)
+            .collect()
+    }
+
+    #[test]
+    #[serial]
+    fn matmul_rows_match_for_m1_m4096_and_prefill_chunks() {
+        let Some(device) = super::cuda::device() else {
+            return;
+        };
+        let (k, n) = (1000, 1368);
+        let mut rng = Rng::new(99);
+        let (a, b) = (rng.vec(M * k, 1.0), rng.vec(k * n, 0.05));
+        for dtype in [DType::BF16, DType::F16] {
+            let lhs: Tensor<Raw, 2> = float(a.clone(), [M, k], &device, dtype);
+            let rhs: Tensor<Raw, 2> = float(b.clone(), [k, n], &device, dtype);
+            let full = burn_invariant::matmul(lhs.clone(), rhs.clone()).unwrap();
+            for row in PROBES {
+                let alone =
+                    burn_invariant::matmul(lhs.clone().slice([row..row + 1, 0..k]), rhs.clone())
+                        .unwrap();
+                assert_bits_eq(
+                    &format!("{dtype:?} row {row}: M=1 vs M={M}"),
+                    &bits(alone),
+                    &bits(full.clone().slice([row..row + 1, 0..n])),
+                );
+            }
+            let chunks: Vec<Tensor<Raw, 2>> = CUTS
+                .windows(2)
+                .map(|w| {
+                    burn_invariant::matmul(lhs.clone().slice([w[0]..w[1], 0..k]), rhs.clone())
+                        .unwrap()
+                })
+                .collect();
+            assert_bits_eq(
+                &format!("{dtype:?}: chunks {CUTS:?} vs one call"),
+                &bits(Tensor::cat(chunks, 0)),
+                &bits(full),
+            );
+        }
+    }
+
+    #[test]
+    #[serial]
+    fn linear_logp_rows_match_for_n1_n4096_and_prefill_chunks() {
+        let Some(device) = super::cuda::device() else {
+            return;
+        };
+        let (d, v) = (264, 5003);
+        let mut rng = Rng::new(98);
+        let hidden = rng.vec(M * d, 1.0);
+        let weight = rng.vec(v * d, 0.2);
+        let targets: Vec<i64> = (0..M).map(|_| rng.below(v) as i64).collect();
+        let dtype = DType::BF16;
+        let h: Tensor<Raw, 2> = float(hidden, [M, d], &device, dtype);
+        let w: Tensor<Raw, 2> = float(weight, [v, d], &device, dtype);
+        let t = ints::<Raw>(targets, &device);
+        let options = LinearLogpOptions::default();
+        let run = |rows: core::ops::Range<usize>| {
+            let (logp, lse) = burn_invariant::linear_logp_with_lse(
+                h.clone().slice([rows.clone(), 0..d]),
+                w.clone(),
+                t.clone().slice(rows),
+                None,
+                &options,
+            )
+            .unwrap();
+            (bits(logp), bits(lse))
+        };
+        let (logp, lse) = run(0..M);
+        for row in PROBES {
+            let (l, s) = run(row..row + 1);
+            assert_bits_eq(
+                &format!("logp row {row}: N=1 vs N={M}"),
+                &l,
+                &logp[row..=row],
+            );
+            assert_bits_eq(&format!("lse row {row}: N=1 vs N={M}"), &s, &lse[row..=row]);
+        }
+        let (mut cl, mut cs) = (Vec::new(), Vec::new());
+        for w in CUTS.windows(2) {
+            let (l, s) = run(w[0]..w[1]);
+            cl.extend(l);
+            cs.extend(s);
+        }
+        assert_bits_eq(&format!("logp chunks {CUTS:?}"), &cl, &logp);
+        assert_bits_eq(&format!("lse chunks {CUTS:?}"), &cs, &lse);
+    }
+}

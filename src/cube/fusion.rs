@@ -144,21 +144,7 @@ fn shape_of<R: FusionRuntime>(t: &FusionTensor<R>) -> Vec<usize> {
 
 impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
-        // The Sm90 launcher gave wrong results on an H100 when run inside a fusion custom op
-        // (the same kernels pass every suite on the bare backend), so it is refused here until
-        // that path is fixed; CubeCl, verified under fusion, runs instead.
-        let mut candidates: Vec<Candidate> = B::implementations(op, device, dtype)
-            .into_iter()
-            .map(|c| match c.implementation {
-                Implementation::Sm90 => Candidate::unavailable(
-                    Implementation::Sm90,
-                    "Sm90 is not yet validated under Fusion; use the backend without the `fusion` feature",
-                ),
-                _ => c,
-            })
-            .collect();
-        candidates.sort_by_key(|c| c.availability.is_err());
-        candidates
+        B::implementations(op, device, dtype)
     }
 
     fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {

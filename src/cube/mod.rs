@@ -168,7 +168,7 @@ fn launched<T>(result: Result<T, kernels::KernelError>) -> T {
     result.unwrap_or_else(|err| panic!("burn-invariant: a validated launch was refused: {err}"))
 }
 
-fn is_empty<R: CubeRuntime>(shape: &[usize]) -> bool {
+fn is_empty(shape: &[usize]) -> bool {
     shape.contains(&0)
 }
 
@@ -180,7 +180,7 @@ pub(crate) fn matmul<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let (m, n) = (lhs.meta.shape()[0], rhs.meta.shape()[1]);
     let out = empty(&lhs, vec![m, n], lhs.dtype);
-    if is_empty::<R>(&[m, n]) {
+    if is_empty(&[m, n]) {
         return out;
     }
     let bias = bias.map(|b| b.binding());
@@ -273,7 +273,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         let _ = implementation;
         let (k, n) = (lhs.meta.shape()[1], grad.meta.shape()[1]);
         let m = lhs.meta.shape()[0];
-        if is_empty::<R>(&[k, n]) || m == 0 {
+        if is_empty(&[k, n]) || m == 0 {
             return zeros(&grad, vec![k, n], grad.dtype);
         }
         let out = empty(&grad, vec![k, n], grad.dtype);

@@ -235,11 +235,12 @@ impl Operand {
         let cols = t.meta.shape()[1];
         let strides = t.meta.strides().to_vec();
         let elem = t.dtype.size();
-        let tma_ready = strides[1] == 1 && (strides[0] * elem) % 16 == 0 && strides[0] >= cols;
+        let tma_ready =
+            strides[1] == 1 && (strides[0] * elem).is_multiple_of(16) && strides[0] >= cols;
         if tma_ready {
             let ptr = device_ptr(&t);
             // A slice at an odd offset is not TMA-ready either: TMA needs a 16-byte aligned base.
-            if ptr % 16 == 0 {
+            if ptr.is_multiple_of(16) {
                 let ld = strides[0];
                 return Self {
                     tensor: t,
@@ -261,8 +262,8 @@ impl Operand {
 
     /// A map of rows `[row0, row0 + rows)` of this operand.
     fn map(&self, row0: usize, rows: usize) -> [u64; 16] {
-        bind_context(&self.tensor.device);
         tensor_map(
+            &self.tensor.device,
             self.tensor.dtype,
             self.ptr + (row0 * self.ld * self.tensor.dtype.size()) as u64,
             rows,
@@ -276,19 +277,30 @@ impl Operand {
     }
 }
 
-/// Copies `t` into a fresh `[rows, ld]` buffer, `ld` = `cols` rounded up to 8 elements; the
-/// tensor maps read only the first `cols` columns.
+/// Copies `t` into a TMA-readable buffer and returns it with its row stride.
+///
+/// cubecl's pitched copy (rows on the allocator's pitch, 16-byte multiples on CUDA) reads any
+/// strides. Zeros + `slice_assign` from a dense source with odd rows gave wrong rows ≥ 1 under
+/// Fusion (whose outputs are dense), so that path only ever sees the pitched copy.
 fn padded_copy(t: CubeTensor<CudaRuntime>) -> (CubeTensor<CudaRuntime>, usize) {
     let (rows, cols) = (t.meta.shape()[0], t.meta.shape()[1]);
-    let ld = cols.div_ceil(8).max(1) * 8;
-    let wide = zeros_client(
-        t.client.clone(),
-        t.device.clone(),
-        Shape::new([rows, ld]),
-        t.dtype,
+    let (client, device, dtype) = (t.client.clone(), t.device.clone(), t.dtype);
+    let pitched = cubecl::std::tensor::into_contiguous_pitched(&client, t.binding(), dtype.into());
+    let pitched = CubeTensor::new(
+        client.clone(),
+        pitched.handle,
+        *pitched.metadata,
+        device.clone(),
+        dtype,
     );
+    let ld = pitched.meta.strides()[0];
+    if pitched.meta.strides()[1] == 1 && (ld * dtype.size()).is_multiple_of(16) && ld >= cols {
+        return (pitched, ld);
+    }
+    let ld = cols.div_ceil(8).max(1) * 8;
+    let wide = zeros_client(client, device, Shape::new([rows, ld]), dtype);
     let window = [(0..rows).into(), (0..cols).into()];
-    (Ops::float_slice_assign(wide, &window, t), ld)
+    (Ops::float_slice_assign(wide, &window, pitched), ld)
 }
 
 type Ops = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
@@ -326,9 +338,38 @@ fn bind_context(device: &CudaDevice) {
         .unwrap_or_else(|err| panic!("burn-invariant: binding the CUDA context: {err:?}"));
 }
 
+/// [`encode_tensor_map`], cached: a map is a pure function of its arguments, and encoding
+/// (plus binding the context) is host time that small launches feel.
+fn tensor_map(
+    device: &CudaDevice,
+    dtype: DType,
+    address: u64,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) -> [u64; 16] {
+    type Key = (usize, DType, u64, usize, usize, usize);
+    static CACHE: OnceLock<Mutex<HashMap<Key, [u64; 16]>>> = OnceLock::new();
+    let key = (device.index, dtype, address, rows, cols, ld);
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(map) = cache.get(&key) {
+        return *map;
+    }
+    if cache.len() >= 1 << 14 {
+        cache.clear();
+    }
+    bind_context(device);
+    let map = encode_tensor_map(dtype, address, rows, cols, ld);
+    cache.insert(key, map);
+    map
+}
+
 /// `cuTensorMapEncodeTiled` for a row-major `[rows, cols]` matrix with row stride `ld`:
 /// box 64×64, 128-byte swizzle, zero fill out of bounds (the kernels rely on it for tails).
-fn tensor_map(dtype: DType, address: u64, rows: usize, cols: usize, ld: usize) -> [u64; 16] {
+fn encode_tensor_map(dtype: DType, address: u64, rows: usize, cols: usize, ld: usize) -> [u64; 16] {
     use cudarc::driver::sys::{
         self, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
         CUtensorMapL2promotion, CUtensorMapSwizzle,
@@ -789,7 +830,7 @@ pub(crate) fn linear_logp_backward(
                 );
             }
             // dz's map covers only the live chunk: tw rows × vw columns.
-            let dz_map = tensor_map(dtype, dz.ptr, tw, vw, dz.ld);
+            let dz_map = tensor_map(&dz.tensor.device, dtype, dz.ptr, tw, vw, dz.ld);
             // dH[t0..t0+tw] (+)= dz · W[v0..v0+vw], reduction over this vocabulary chunk.
             let flags_h = chunk_flags(
                 vi,

@@ -18,9 +18,8 @@ use crate::InvariantError;
 ///   may be unusable afterwards.
 ///
 /// Implementations: [`InProcessGroup`](super::InProcessGroup) (threads of one process, any
-/// backend; for tests and single-host use). An NCCL group for CUDA (one communicator per GPU,
-/// one thread or process per rank, a unique id passed by the caller) implements this trait for
-/// the CUDA backends, with `ncclAllGather` for both operations.
+/// backend; for tests and single-host use) and, with the `cuda` feature, `NcclGroup` (one NCCL
+/// communicator per GPU, `ncclAllGather` on cubecl's buffers, for the CUDA backends).
 ///
 /// Under `Autodiff<B>` the group is called with untracked `Autodiff<B>` tensors, also from
 /// inside the backward pass; it must be `Clone` (a cheap handle to the same communicator) so

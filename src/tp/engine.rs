@@ -11,6 +11,37 @@ use crate::InvariantError;
 use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs};
 use crate::registry::Implementation;
 
+/// Phase timings for profiling (`BURN_INVARIANT_TP_TRACE=1`): each mark waits for the device
+/// and prints the time since the previous mark of this thread. Off, it costs one env lookup.
+pub(crate) struct Trace<'a, B: InvariantBackend> {
+    device: &'a B::Device,
+    last: Option<std::time::Instant>,
+}
+
+impl<'a, B: InvariantBackend> Trace<'a, B> {
+    pub(crate) fn start(device: &'a B::Device) -> Self {
+        let enabled = std::env::var("BURN_INVARIANT_TP_TRACE").is_ok_and(|v| v == "1");
+        let mut trace = Self { device, last: None };
+        if enabled {
+            let _ = B::sync(device);
+            trace.last = Some(std::time::Instant::now());
+        }
+        trace
+    }
+
+    pub(crate) fn mark(&mut self, phase: &str) {
+        if let Some(last) = self.last {
+            let _ = B::sync(self.device);
+            let now = std::time::Instant::now();
+            eprintln!(
+                "tp-trace {phase}: {:.3} ms",
+                (now - last).as_secs_f64() * 1e3
+            );
+            self.last = Some(now);
+        }
+    }
+}
+
 /// The ignore index of the leaf calls; remapped targets of owned rows are in `[0, leaf)`.
 const SENTINEL: i64 = -1;
 
@@ -124,6 +155,8 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
     implementation: Implementation,
 ) -> Result<FloatTensor<B>, InvariantError> {
     let ctx = Ctx::new(inputs, plan, implementation);
+    let device = ctx.device.clone();
+    let mut trace = Trace::<B>::start(&device);
     let n = ctx.n;
     if n == 0 {
         // Every rank has N = 0 (validated), so every rank skips the exchange.
@@ -157,9 +190,11 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
     rows.push(pick_lse);
     let world = plan.world();
     let mine: Tensor<B, 2> = Tensor::stack(rows, 0);
+    trace.mark("forward leaves");
     let all = group
         .all_gather(mine.reshape([(block + 2) * n]))?
         .reshape([world, block + 2, n]);
+    trace.mark("forward exchange");
     let row = |rank: usize, index: usize| {
         all.clone()
             .slice([rank..rank + 1, index..index + 1, 0..n])
@@ -175,7 +210,9 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
     }
     let global_vocab = plan.shards[world - 1].1;
     logp = logp.mask_fill(ctx.unowned(global_vocab), f32::NAN);
-    Ok(raw(Tensor::stack::<2>(vec![logp, lse], 1)))
+    let stats = Tensor::stack::<2>(vec![logp, lse], 1);
+    trace.mark("forward combine");
+    Ok(raw(stats))
 }
 
 /// Backward on one rank from the forward's `stats [N, 2]` and the upstream `grad [N, 2]`.
@@ -193,6 +230,8 @@ pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
     let hidden_dtype = wrap::<B, 2>(inputs.hidden.clone()).dtype();
     let has_bias = inputs.bias.is_some();
     let ctx = Ctx::new(inputs, plan, implementation);
+    let device = ctx.device.clone();
+    let mut trace = Trace::<B>::start(&device);
     let n = ctx.n;
     if n == 0 {
         // No rows, no exchange (N = 0 on every rank): all gradients are zero.
@@ -265,9 +304,11 @@ pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
         let mut rows: Vec<Tensor<B, 2>> = partials.into_iter().flatten().collect();
         rows.resize_with(block, || Tensor::zeros([n, d], (&ctx.device, DType::F32)));
         let mine: Tensor<B, 3> = Tensor::stack(rows, 0);
+        trace.mark("backward leaves");
         let all = group
             .all_gather(mine.reshape([block * n * d]))?
             .reshape([world, block, n, d]);
+        trace.mark("backward exchange");
         let get = |rank: usize, index: usize| {
             Some(
                 all.clone()
@@ -290,9 +331,11 @@ pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
         1 => biases.into_iter().next().map(raw),
         _ => Some(raw(Tensor::cat(biases, 0))),
     };
+    let weight = cat(weights);
+    trace.mark("backward combine");
     Ok(LinearLogpGrads {
         hidden,
-        weight: cat(weights),
+        weight,
         bias,
     })
 }

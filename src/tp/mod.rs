@@ -56,12 +56,16 @@ mod check;
 mod collective;
 mod engine;
 mod in_process;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod plan;
 
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 pub use collective::Collective;
 pub use in_process::{DEFAULT_TIMEOUT, InProcessGroup};
+#[cfg(feature = "cuda")]
+pub use nccl::{NCCL_DEFAULT_TIMEOUT, NcclBackend, NcclGroup, NcclId};
 pub use plan::{Plan, SEGMENT_ALIGN, SEGMENTS, segment_bounds};
 
 pub(crate) use autodiff::forward as autodiff_forward;
@@ -163,6 +167,8 @@ where
     B: InvariantBackend,
     G: Collective<B> + Clone + 'static,
 {
+    let device = hidden.device();
+    let mut trace = engine::Trace::<B>::start(&device);
     let (plan, implementation) = check::collective(
         &check::RankInputs {
             hidden: &hidden,
@@ -174,6 +180,7 @@ where
         },
         group,
     )?;
+    trace.mark("validation");
     let n = hidden.dims()[0];
     let inputs = LinearLogpInputs {
         hidden: hidden.into_primitive().tensor(),

@@ -1,0 +1,525 @@
+//! Tensor-parallel `linear_logp` on CUDA GPUs with the NCCL group: one thread per GPU, bf16
+//! and f32. World sizes 1, 2, 4 (and 3 for uneven shards) run as far as GPUs are visible.
+//! Without a CUDA driver every test prints a notice and passes, unless
+//! `BURN_INVARIANT_REQUIRE_CUDA=1` makes that a failure (the GPU runs set it).
+#![cfg(feature = "cuda")]
+
+#[allow(unused_macros)] // the generic suite macro is not used here
+mod common;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use burn::tensor::{DType, Tensor};
+use burn_invariant::tp::{self, InProcessGroup, NcclGroup, NcclId, VocabShard};
+use burn_invariant::{InvariantError, LinearLogpOptions};
+use common::{Rng, assert_bits_eq, float, ints};
+use cubecl::cuda::CudaDevice;
+use serial_test::serial;
+
+type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+type AD = burn::backend::Autodiff<B>;
+type FusedAD = burn::backend::Autodiff<
+    burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>,
+>;
+
+const WATCHDOG: Duration = Duration::from_secs(300);
+const IGNORE: i64 = -100;
+
+/// Visible GPUs; 0 (with a notice) when there is no driver and none is required.
+fn gpus() -> usize {
+    let count = catch_unwind(|| {
+        cudarc::driver::result::init().ok()?;
+        cudarc::driver::result::device::get_count().ok()
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(0) as usize;
+    if count == 0 {
+        if std::env::var("BURN_INVARIANT_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+            panic!("cuda: no device, and BURN_INVARIANT_REQUIRE_CUDA=1 requires one");
+        }
+        eprintln!("NOTICE: cuda: no device found, skipping");
+    }
+    count
+}
+
+/// Runs `f(rank)` on one thread per rank; results in rank order, bounded by the watchdog.
+fn on_ranks<T: Send + 'static>(
+    world: usize,
+    f: impl Fn(usize) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let (tx, rx) = mpsc::channel();
+    for rank in 0..world {
+        let (f, tx) = (f.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let out = catch_unwind(AssertUnwindSafe(|| f(rank)));
+            let _ = tx.send((rank, out.map_err(|e| panic_message(&e))));
+        });
+    }
+    let deadline = Instant::now() + WATCHDOG;
+    let mut results: Vec<Option<T>> = (0..world).map(|_| None).collect();
+    for _ in 0..world {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (rank, out) = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("watchdog: a rank did not finish within {WATCHDOG:?}"));
+        results[rank] = Some(out.unwrap_or_else(|msg| panic!("rank {rank} panicked: {msg}")));
+    }
+    results.into_iter().map(Option::unwrap).collect()
+}
+
+fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
+    e.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+#[derive(Clone)]
+struct Problem {
+    n: usize,
+    d: usize,
+    v: usize,
+    dtype: DType,
+    hidden: Vec<f32>,
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    targets: Vec<i64>,
+    g_logp: Vec<f32>,
+    g_lse: Vec<f32>,
+    options: LinearLogpOptions,
+}
+
+fn problem([n, d, v]: [usize; 3], dtype: DType, with_bias: bool, seed: u64) -> Problem {
+    let mut rng = Rng::new(seed);
+    let scale = 3.0 / (d as f32).sqrt();
+    let targets = (0..n)
+        .map(|i| {
+            if i % 5 == 4 {
+                IGNORE
+            } else {
+                rng.below(v) as i64
+            }
+        })
+        .collect();
+    Problem {
+        n,
+        d,
+        v,
+        dtype,
+        hidden: rng.vec(n * d, 1.0),
+        weight: rng.vec(v * d, scale),
+        bias: with_bias.then(|| rng.vec(v, 1.0)),
+        targets,
+        g_logp: rng.vec(n, 1.0),
+        g_lse: rng.vec(n, 1.0),
+        options: LinearLogpOptions::default().with_ignore_index(IGNORE),
+    }
+}
+
+#[derive(Debug, Clone)]
+struct RankOut {
+    logp: Vec<f32>,
+    lse: Vec<f32>,
+    hidden: Vec<f32>,
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+fn host<const D: usize, Bk: burn::tensor::backend::Backend>(t: Tensor<Bk, D>) -> Vec<f32> {
+    t.cast(DType::F32).into_data().to_vec().unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits() as u64).collect()
+}
+
+/// Forward and backward of `Σ g_logp·logp + g_lse·lse` on one rank.
+fn rank_run<A, G>(p: &Problem, device: &A::Device, shard: VocabShard, group: &G) -> RankOut
+where
+    A: burn::tensor::backend::AutodiffBackend + burn_invariant::InvariantBackend,
+    G: tp::Collective<A> + Clone + 'static,
+{
+    let rows = shard.range();
+    let hidden = float::<A, 2>(p.hidden.clone(), [p.n, p.d], device, p.dtype).require_grad();
+    let weight = float::<A, 2>(
+        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
+        [shard.len(), p.d],
+        device,
+        p.dtype,
+    )
+    .require_grad();
+    let bias = p.bias.as_ref().map(|b| {
+        float::<A, 1>(b[rows.clone()].to_vec(), [shard.len()], device, p.dtype).require_grad()
+    });
+    let (logp, lse) = tp::linear_logp_with_lse(
+        hidden.clone(),
+        weight.clone(),
+        ints::<A>(p.targets.clone(), device),
+        bias.clone(),
+        &shard,
+        group,
+        &p.options,
+    )
+    .expect("tp::linear_logp_with_lse");
+    let g_logp = float::<A, 1>(p.g_logp.clone(), [p.n], device, DType::F32);
+    let g_lse = float::<A, 1>(p.g_lse.clone(), [p.n], device, DType::F32);
+    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
+        .sum()
+        .backward();
+    RankOut {
+        logp: host(logp.inner()),
+        lse: host(lse.inner()),
+        hidden: host(hidden.grad(&grads).expect("hidden grad")),
+        weight: host(weight.grad(&grads).expect("weight grad")),
+        bias: bias.map(|b| host(b.grad(&grads).expect("bias grad"))),
+    }
+}
+
+/// TP over `shards` (one GPU each), NCCL groups joined through one id (the multi-process path,
+/// here with threads).
+fn run_nccl(p: &Problem, shards: &[VocabShard]) -> Vec<RankOut> {
+    let (p, shards) = (Arc::new(p.clone()), shards.to_vec());
+    let world = shards.len();
+    let id = NcclId::from_hex(&NcclId::new().expect("NCCL id").to_hex()).expect("id round trip");
+    on_ranks(world, move |rank| {
+        let device = CudaDevice::new(rank);
+        let group = NcclGroup::new(&device, rank, world, &id).expect("NCCL group");
+        rank_run::<AD, _>(&p, &device, shards[rank], &group)
+    })
+}
+
+fn split(world: usize, v: usize) -> Vec<VocabShard> {
+    (0..world).map(|r| VocabShard::split(r, world, v)).collect()
+}
+
+fn assert_same(what: &str, got: &RankOut, expected: &RankOut) {
+    assert_bits_eq(
+        &format!("{what}: logp"),
+        &bits(&got.logp),
+        &bits(&expected.logp),
+    );
+    assert_bits_eq(
+        &format!("{what}: lse"),
+        &bits(&got.lse),
+        &bits(&expected.lse),
+    );
+    assert_bits_eq(
+        &format!("{what}: dHidden"),
+        &bits(&got.hidden),
+        &bits(&expected.hidden),
+    );
+}
+
+fn assert_close(what: &str, got: &[f32], expected: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), expected.len(), "{what}: length");
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert!(
+            (g - e).abs() <= atol + rtol * e.abs(),
+            "{what}[{i}]: got {g}, expected {e} (atol {atol}, rtol {rtol})"
+        );
+    }
+}
+
+/// Segment-aligned shards: logp, lse, dHidden (and the concatenated dWeight/dBias) are bitwise
+/// the same for world sizes 1, 2 and 4, on every rank.
+#[test]
+#[serial]
+fn nccl_tp_is_bitwise_invariant_across_world_sizes() {
+    let gpus = gpus();
+    if gpus == 0 {
+        return;
+    }
+    for (shape, dtype, with_bias, seed) in [
+        ([37, 136, 50021], DType::BF16, true, 11),
+        ([29, 72, 4100], DType::F32, false, 12),
+    ] {
+        let p = problem(shape, dtype, with_bias, seed);
+        let reference = run_nccl(&p, &split(1, p.v));
+        for world in [2, 4].into_iter().filter(|&w| w <= gpus) {
+            let outs = run_nccl(&p, &split(world, p.v));
+            for (rank, out) in outs.iter().enumerate() {
+                assert_same(
+                    &format!("{dtype:?} V={} world {world} rank {rank} vs world 1", p.v),
+                    out,
+                    &reference[0],
+                );
+            }
+            let weight: Vec<f32> = outs.iter().flat_map(|o| o.weight.clone()).collect();
+            assert_bits_eq(
+                &format!("{dtype:?} world {world}: dWeight vs world 1"),
+                &bits(&weight),
+                &bits(&reference[0].weight),
+            );
+            if let Some(expected) = &reference[0].bias {
+                let bias: Vec<f32> = outs.iter().flat_map(|o| o.bias.clone().unwrap()).collect();
+                assert_bits_eq(
+                    &format!("{dtype:?} world {world}: dBias vs world 1"),
+                    &bits(&bias),
+                    &bits(expected),
+                );
+            }
+            eprintln!(
+                "nccl tp {dtype:?} V={} world {world}: bitwise = world 1",
+                p.v
+            );
+        }
+    }
+}
+
+/// NCCL moves the same bits as the in-process group, so both give identical results; and
+/// `NcclGroup::for_devices` (ncclCommInitAll) works like the id path.
+#[test]
+#[serial]
+fn nccl_group_equals_in_process_group_on_cuda() {
+    let gpus = gpus();
+    if gpus == 0 {
+        return;
+    }
+    let world = gpus.min(2);
+    let p = Arc::new(problem([23, 64, 3001], DType::BF16, true, 21));
+    let shards = split(world, p.v);
+    let devices: Vec<_> = (0..world).map(CudaDevice::new).collect();
+    let nccl_groups = NcclGroup::for_devices(&devices).expect("ncclCommInitAll");
+    let (pn, sn) = (p.clone(), shards.clone());
+    let nccl = on_ranks(world, move |rank| {
+        rank_run::<AD, _>(&pn, &CudaDevice::new(rank), sn[rank], &nccl_groups[rank])
+    });
+    let host_groups = InProcessGroup::new(world);
+    let (ph, sh) = (p.clone(), shards.clone());
+    let in_process = on_ranks(world, move |rank| {
+        rank_run::<AD, _>(&ph, &CudaDevice::new(rank), sh[rank], &host_groups[rank])
+    });
+    for rank in 0..world {
+        assert_same(
+            &format!("rank {rank}: NCCL vs in-process"),
+            &nccl[rank],
+            &in_process[rank],
+        );
+    }
+}
+
+/// The fused CUDA backend exchanges through the same group (Fusion ↔ cubecl buffers).
+#[test]
+#[serial]
+fn nccl_tp_runs_under_fusion() {
+    let gpus = gpus();
+    if gpus == 0 {
+        return;
+    }
+    let world = gpus.min(2);
+    let p = Arc::new(problem([19, 40, 2111], DType::F32, true, 31));
+    let shards = split(world, p.v);
+    let devices: Vec<_> = (0..world).map(CudaDevice::new).collect();
+    let groups = NcclGroup::for_devices(&devices).expect("ncclCommInitAll");
+    let (pf, sf, gf) = (p.clone(), shards.clone(), groups.clone());
+    let fused = on_ranks(world, move |rank| {
+        rank_run::<FusedAD, _>(&pf, &CudaDevice::new(rank), sf[rank], &gf[rank])
+    });
+    let raw = on_ranks(world, move |rank| {
+        rank_run::<AD, _>(&p, &CudaDevice::new(rank), shards[rank], &groups[rank])
+    });
+    for rank in 0..world {
+        for (what, got, expected) in [
+            ("logp", &fused[rank].logp, &raw[rank].logp),
+            ("lse", &fused[rank].lse, &raw[rank].lse),
+            ("dHidden", &fused[rank].hidden, &raw[rank].hidden),
+        ] {
+            assert_close(
+                &format!("fusion rank {rank} {what}"),
+                got,
+                expected,
+                1e-5,
+                1e-5,
+            );
+        }
+    }
+}
+
+/// Against the single-rank API on one GPU, within bf16 rounding; uneven shards (world 3 when
+/// three GPUs exist, else a cut segment with two).
+#[test]
+#[serial]
+fn nccl_tp_matches_the_single_rank_api() {
+    let gpus = gpus();
+    if gpus == 0 {
+        return;
+    }
+    let p = problem([41, 96, 7001], DType::BF16, true, 41);
+    let device = CudaDevice::new(0);
+    let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype).require_grad();
+    let weight = float::<AD, 2>(p.weight.clone(), [p.v, p.d], &device, p.dtype).require_grad();
+    let (logp, lse) = burn_invariant::linear_logp_with_lse(
+        hidden.clone(),
+        weight,
+        ints::<AD>(p.targets.clone(), &device),
+        Some(float::<AD, 1>(
+            p.bias.clone().unwrap(),
+            [p.v],
+            &device,
+            p.dtype,
+        )),
+        &p.options,
+    )
+    .expect("single-rank linear_logp");
+    let g_logp = float::<AD, 1>(p.g_logp.clone(), [p.n], &device, DType::F32);
+    let g_lse = float::<AD, 1>(p.g_lse.clone(), [p.n], &device, DType::F32);
+    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
+        .sum()
+        .backward();
+    let single = RankOut {
+        logp: host(logp.inner()),
+        lse: host(lse.inner()),
+        hidden: host(hidden.grad(&grads).unwrap()),
+        weight: vec![],
+        bias: None,
+    };
+    let mut layouts = vec![split(gpus.min(2), p.v)];
+    if gpus >= 3 {
+        layouts.push(split(3, p.v));
+    } else if gpus == 2 {
+        layouts.push(vec![
+            VocabShard::new(0, 1234, p.v),
+            VocabShard::new(1234, p.v, p.v),
+        ]);
+    }
+    for shards in layouts {
+        let outs = run_nccl(&p, &shards);
+        for (rank, out) in outs.iter().enumerate() {
+            let what = format!("world {} rank {rank}", shards.len());
+            assert_close(&format!("{what} logp"), &out.logp, &single.logp, 2e-3, 2e-3);
+            assert_close(&format!("{what} lse"), &out.lse, &single.lse, 2e-3, 2e-3);
+            assert_close(
+                &format!("{what} dHidden"),
+                &out.hidden,
+                &single.hidden,
+                2e-2,
+                2e-2,
+            );
+        }
+    }
+}
+
+/// A validation failure on one rank is the same typed error on every rank, and the groups stay
+/// usable (validation happens before any compute): a local error on rank 1 (its weight does not
+/// match its shard), then targets that differ between ranks.
+#[test]
+#[serial]
+fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
+    let gpus = gpus();
+    if gpus < 2 {
+        eprintln!("NOTICE: needs 2 GPUs, {gpus} visible: skipped");
+        return;
+    }
+    let world = 2;
+    let p = Arc::new(problem([16, 32, 1000], DType::BF16, false, 51));
+    let devices: Vec<_> = (0..world).map(CudaDevice::new).collect();
+    let groups = NcclGroup::for_devices(&devices).expect("ncclCommInitAll");
+    let errors = on_ranks(world, move |rank| {
+        let device = CudaDevice::new(rank);
+        let shard = VocabShard::split(rank, world, p.v);
+        let call = |rows: usize, targets: Vec<i64>| {
+            tp::linear_logp(
+                float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
+                float::<B, 2>(
+                    p.weight[shard.start * p.d..(shard.start + rows) * p.d].to_vec(),
+                    [rows, p.d],
+                    &device,
+                    p.dtype,
+                ),
+                ints::<B>(targets, &device),
+                None,
+                &shard,
+                &groups[rank],
+                &p.options,
+            )
+        };
+        let rows = if rank == 1 {
+            shard.len() - 1
+        } else {
+            shard.len()
+        };
+        let local = call(rows, p.targets.clone()).expect_err("a short weight must fail");
+        let mut targets = p.targets.clone();
+        if rank == 1 {
+            targets[3] = (targets[3] + 1) % p.v as i64;
+        }
+        let mismatch = call(shard.len(), targets).expect_err("differing targets must fail");
+        // The group still works after validation failures.
+        let again = call(shard.len(), p.targets.clone());
+        assert!(again.is_ok(), "rank {rank}: group unusable: {again:?}");
+        (local, mismatch)
+    });
+    assert_eq!(errors[0], errors[1], "every rank reports the same errors");
+    assert!(
+        matches!(errors[0].0, InvariantError::RankFailed { rank: 1, .. }),
+        "got {:?}",
+        errors[0].0
+    );
+    assert!(
+        matches!(errors[0].1, InvariantError::RankMismatch { rank: 1, .. }),
+        "got {:?}",
+        errors[0].1
+    );
+}
+
+/// A rank that never calls the collective makes the other fail within the timeout, not hang;
+/// a rank that never joins makes `NcclGroup::new` fail in bounded time.
+#[test]
+#[serial]
+fn a_missing_rank_fails_in_bounded_time() {
+    let gpus = gpus();
+    if gpus < 2 {
+        eprintln!("NOTICE: needs 2 GPUs, {gpus} visible: skipped");
+        return;
+    }
+    let timeout = Duration::from_secs(3);
+    let id = NcclId::new().unwrap();
+    let start = Instant::now();
+    let lonely = NcclGroup::with_timeout(&CudaDevice::new(0), 0, 2, &id, timeout);
+    assert!(
+        matches!(lonely, Err(InvariantError::Collective { .. })),
+        "got {lonely:?}"
+    );
+    assert!(
+        start.elapsed() < timeout * 4,
+        "join took {:?}",
+        start.elapsed()
+    );
+
+    let id = NcclId::new().unwrap();
+    let p = Arc::new(problem([8, 16, 512], DType::F32, false, 61));
+    let results = on_ranks(2, move |rank| {
+        let device = CudaDevice::new(rank);
+        let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout).expect("join");
+        if rank == 1 {
+            return None; // never calls tp::linear_logp
+        }
+        let shard = VocabShard::split(rank, 2, p.v);
+        let start = Instant::now();
+        let result = tp::linear_logp(
+            float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
+            float::<B, 2>(
+                p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
+                [shard.len(), p.d],
+                &device,
+                p.dtype,
+            ),
+            ints::<B>(p.targets.clone(), &device),
+            None,
+            &shard,
+            &group,
+            &p.options,
+        );
+        Some((result.err(), start.elapsed()))
+    });
+    let (error, elapsed) = results[0].clone().unwrap();
+    assert!(
+        matches!(error, Some(InvariantError::Collective { .. })),
+        "got {error:?}"
+    );
+    assert!(elapsed < timeout * 4, "waited {elapsed:?}");
+}
