@@ -153,6 +153,41 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times[times.len() / 2]
 }
 
+type Outputs<P> = (
+    Tensor<<P as Platform>::B, 1>,
+    Tensor<<P as Platform>::B, 1>,
+    Tensor<<P as Platform>::B, 2>,
+);
+
+/// One untimed warm-up (kernel compilation, NCCL connections), then `iters` timed calls of
+/// `step` (forward + backward, returning logp, lse, dHidden). Each call starts after a device
+/// sync and `before` (the ranks' barrier) and ends with a device sync.
+fn timed<P: Platform>(
+    device: &burn::tensor::Device<P::B>,
+    iters: usize,
+    before: impl Fn(),
+    mut step: impl FnMut() -> Outputs<P>,
+) -> Run {
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..=iters {
+        <P::B as Backend>::sync(device).expect("device sync");
+        before();
+        let start = Instant::now();
+        let outputs = step();
+        <P::B as Backend>::sync(device).expect("device sync");
+        times.push(start.elapsed());
+        last = Some(outputs);
+    }
+    let (logp, lse, dhidden) = last.expect("at least one run");
+    Run {
+        logp: host(logp),
+        lse: host(lse),
+        dhidden: host(dhidden),
+        time: median(times[1..].to_vec()),
+    }
+}
+
 fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters: usize) -> Run {
     let groups = platform.groups(world);
     let barrier = Arc::new(Barrier::new(world));
@@ -178,43 +213,30 @@ fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters:
                     tensor::<AD<P>, 1>(data.bias[rows].to_vec(), [shard.len()], &device, dtype);
                 let targets = targets::<AD<P>>(&data, &device);
                 let options = LinearLogpOptions::default().with_ignore_index(PAD);
-                let mut times = Vec::new();
-                let mut last = None;
-                // One untimed warm-up (kernel compilation, NCCL connections), then `iters`.
-                for _ in 0..=iters {
-                    let (hidden, weight, bias) = (
-                        hidden.clone().require_grad(),
-                        weight.clone().require_grad(),
-                        bias.clone().require_grad(),
-                    );
-                    <P::B as Backend>::sync(&device).expect("device sync");
-                    barrier.wait();
-                    let start = Instant::now();
-                    let (logp, lse) = tp::linear_logp_with_lse(
-                        hidden.clone(),
-                        weight.clone(),
-                        targets.clone(),
-                        Some(bias.clone()),
-                        &shard,
-                        &group,
-                        &options,
-                    )
-                    .expect("tp::linear_logp_with_lse");
-                    let grads = loss(logp.clone(), lse.clone()).backward();
-                    let dhidden = hidden.grad(&grads).expect("dHidden");
-                    // dWeight/dBias of this shard are computed whether read or not.
-                    let _ = (weight.grad(&grads), bias.grad(&grads));
-                    <P::B as Backend>::sync(&device).expect("device sync");
-                    times.push(start.elapsed());
-                    last = Some((logp.inner(), lse.inner(), dhidden));
-                }
-                let (logp, lse, dhidden) = last.expect("at least one run");
-                Run {
-                    logp: host(logp),
-                    lse: host(lse),
-                    dhidden: host(dhidden),
-                    time: median(times[1..].to_vec()),
-                }
+                timed::<P>(
+                    &device,
+                    iters,
+                    || {
+                        barrier.wait();
+                    },
+                    || {
+                        let hidden = hidden.clone().require_grad();
+                        let (logp, lse) = tp::linear_logp_with_lse(
+                            hidden.clone(),
+                            weight.clone().require_grad(),
+                            targets.clone(),
+                            Some(bias.clone().require_grad()),
+                            &shard,
+                            &group,
+                            &options,
+                        )
+                        .expect("tp::linear_logp_with_lse");
+                        // dWeight/dBias of this shard are computed whether read or not.
+                        let grads = loss(logp.clone(), lse.clone()).backward();
+                        let dhidden = hidden.grad(&grads).expect("dHidden");
+                        (logp.inner(), lse.inner(), dhidden)
+                    },
+                )
             })
         })
         .collect();
@@ -230,38 +252,30 @@ fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters:
 fn run_single<P: Platform>(platform: &P, data: &Data, iters: usize) -> Run {
     type AD<P> = Autodiff<<P as Platform>::B>;
     let (device, dtype) = (platform.device(0), platform.dtype());
+    let hidden = tensor::<AD<P>, 2>(data.hidden.clone(), [data.n, data.d], &device, dtype);
+    let weight = tensor::<AD<P>, 2>(data.weight.clone(), [data.v, data.d], &device, dtype);
+    let bias = tensor::<AD<P>, 1>(data.bias.clone(), [data.v], &device, dtype);
+    let targets = targets::<AD<P>>(data, &device);
     let options = LinearLogpOptions::default().with_ignore_index(PAD);
-    let mut times = Vec::new();
-    let mut last = None;
-    for _ in 0..=iters {
-        let hidden = tensor::<AD<P>, 2>(data.hidden.clone(), [data.n, data.d], &device, dtype)
-            .require_grad();
-        let weight = tensor::<AD<P>, 2>(data.weight.clone(), [data.v, data.d], &device, dtype)
-            .require_grad();
-        let bias = tensor::<AD<P>, 1>(data.bias.clone(), [data.v], &device, dtype).require_grad();
-        <P::B as Backend>::sync(&device).expect("device sync");
-        let start = Instant::now();
-        let (logp, lse) = linear_logp_with_lse(
-            hidden.clone(),
-            weight,
-            targets::<AD<P>>(data, &device),
-            Some(bias),
-            &options,
-        )
-        .expect("linear_logp_with_lse");
-        let grads = loss(logp.clone(), lse.clone()).backward();
-        let dhidden = hidden.grad(&grads).expect("dHidden");
-        <P::B as Backend>::sync(&device).expect("device sync");
-        times.push(start.elapsed());
-        last = Some((logp.inner(), lse.inner(), dhidden));
-    }
-    let (logp, lse, dhidden) = last.expect("at least one run");
-    Run {
-        logp: host(logp),
-        lse: host(lse),
-        dhidden: host(dhidden),
-        time: median(times[1..].to_vec()),
-    }
+    timed::<P>(
+        &device,
+        iters,
+        || {},
+        || {
+            let hidden = hidden.clone().require_grad();
+            let (logp, lse) = linear_logp_with_lse(
+                hidden.clone(),
+                weight.clone().require_grad(),
+                targets.clone(),
+                Some(bias.clone().require_grad()),
+                &options,
+            )
+            .expect("linear_logp_with_lse");
+            let grads = loss(logp.clone(), lse.clone()).backward();
+            let dhidden = hidden.grad(&grads).expect("dHidden");
+            (logp.inner(), lse.inner(), dhidden)
+        },
+    )
 }
 
 fn bitwise_equal(a: &[f32], b: &[f32]) -> bool {

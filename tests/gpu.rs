@@ -98,7 +98,7 @@ mod cuda {
 /// the raw backend's are pitched) give the raw backend's bits.
 #[cfg(feature = "cuda")]
 mod fusion_sm90 {
-    use super::common::{Rng, float};
+    use super::common::{Rng, bits, float};
     use burn::tensor::{DType, Tensor, TensorPrimitive};
     use burn_invariant::InvariantBackend;
     use burn_invariant::registry::Implementation;
@@ -113,16 +113,6 @@ mod fusion_sm90 {
             None,
             Implementation::Sm90,
         )))
-    }
-
-    fn bits<B: burn::tensor::backend::Backend>(t: Tensor<B, 2>) -> Vec<u32> {
-        t.cast(DType::F32)
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect()
     }
 
     #[test]
@@ -140,7 +130,7 @@ mod fusion_sm90 {
             float(b.clone(), [k, n], &device, dt),
         ));
         let fl = |v: &Vec<f32>, s: [usize; 2]| float::<Fused, 2>(v.clone(), s, &device, dt);
-        let variants: Vec<(&str, Vec<u32>)> = vec![
+        let variants: Vec<(&str, Vec<u64>)> = vec![
             ("from_data", bits(matmul(fl(&a, [m, k]), fl(&b, [k, n])))),
             (
                 "fused producers",
@@ -176,11 +166,11 @@ mod fusion_sm90 {
             .windows(2)
             .map(|w| matmul(fl2.clone().slice([w[0]..w[1], 0..k2]), fr2.clone()))
             .collect();
-        let one_by_one: Vec<u32> = cuts
+        let one_by_one: Vec<u64> = cuts
             .windows(2)
             .flat_map(|w| bits(matmul(fl2.clone().slice([w[0]..w[1], 0..k2]), fr2.clone())))
             .collect();
-        let materialized: Vec<u32> = cuts
+        let materialized: Vec<u64> = cuts
             .windows(2)
             .flat_map(|w| {
                 let piece = fl2.clone().slice([w[0]..w[1], 0..k2]);
@@ -189,7 +179,7 @@ mod fusion_sm90 {
             })
             .collect();
         // The suite picks rows with `select` (a gather), not `slice`.
-        let gathered: Vec<u32> = cuts
+        let gathered: Vec<u64> = cuts
             .windows(2)
             .flat_map(|w| {
                 let rows: Vec<i64> = (w[0] as i64..w[1] as i64).collect();
@@ -198,7 +188,7 @@ mod fusion_sm90 {
             })
             .collect();
         let whole = bits(matmul(fl2.clone(), fr2.clone()));
-        let queued: Vec<u32> = queued.into_iter().flat_map(bits).collect();
+        let queued: Vec<u64> = queued.into_iter().flat_map(bits).collect();
         let mut failed = Vec::new();
         for (name, got) in [
             ("37x53x29 whole", &whole),
@@ -225,8 +215,8 @@ mod fusion_sm90 {
             eprintln!(
                 "fusion sm90 matmul [{m}x{k}]·[{k}x{n}] {name}: {differ}/{} differ, first at {first:?} (got {:?}, expected {:?})",
                 expected.len(),
-                first.map(|i| f32::from_bits(got[i])),
-                first.map(|i| f32::from_bits(expected[i]))
+                first.map(|i| f64::from_bits(got[i])),
+                first.map(|i| f64::from_bits(expected[i]))
             );
             if differ > 0 {
                 failed.push(*name);
@@ -240,7 +230,7 @@ mod fusion_sm90 {
 /// alone (M = 1), in a batch of 4096, or in chunked-prefill pieces cut off tile boundaries.
 #[cfg(feature = "cuda")]
 mod cuda_large_batch {
-    use super::common::{Rng, assert_bits_eq, float, ints};
+    use super::common::{Rng, assert_bits_eq, bits, float, ints};
     use burn::tensor::{DType, Tensor};
     use burn_invariant::LinearLogpOptions;
     use serial_test::serial;
@@ -249,16 +239,6 @@ mod cuda_large_batch {
     const M: usize = 4096;
     const CUTS: [usize; 4] = [0, 1000, 3333, M];
     const PROBES: [usize; 4] = [0, 1, 2047, M - 1];
-
-    fn bits<const D: usize>(t: Tensor<Raw, D>) -> Vec<u64> {
-        t.cast(DType::F32)
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits() as u64)
-            .collect()
-    }
 
     #[test]
     #[serial]

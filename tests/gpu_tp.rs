@@ -7,13 +7,14 @@
 #[allow(unused_macros)] // the generic suite macro is not used here
 mod common;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, mpsc};
+use std::panic::catch_unwind;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::tensor::{DType, Tensor};
 use burn_invariant::tp::{self, InProcessGroup, NcclGroup, NcclId, VocabShard};
 use burn_invariant::{InvariantError, LinearLogpOptions};
+use common::ranks::{self, bits_of};
 use common::{Rng, assert_bits_eq, float, ints};
 use cubecl::cuda::CudaDevice;
 use serial_test::serial;
@@ -50,32 +51,7 @@ fn on_ranks<T: Send + 'static>(
     world: usize,
     f: impl Fn(usize) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let f = Arc::new(f);
-    let (tx, rx) = mpsc::channel();
-    for rank in 0..world {
-        let (f, tx) = (f.clone(), tx.clone());
-        std::thread::spawn(move || {
-            let out = catch_unwind(AssertUnwindSafe(|| f(rank)));
-            let _ = tx.send((rank, out.map_err(|e| panic_message(&e))));
-        });
-    }
-    let deadline = Instant::now() + WATCHDOG;
-    let mut results: Vec<Option<T>> = (0..world).map(|_| None).collect();
-    for _ in 0..world {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (rank, out) = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("watchdog: a rank did not finish within {WATCHDOG:?}"));
-        results[rank] = Some(out.unwrap_or_else(|msg| panic!("rank {rank} panicked: {msg}")));
-    }
-    results.into_iter().map(Option::unwrap).collect()
-}
-
-fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+    ranks::on_ranks(vec![(); world], WATCHDOG, move |rank, ()| f(rank))
 }
 
 #[derive(Clone)]
@@ -131,10 +107,6 @@ struct RankOut {
 
 fn host<const D: usize, Bk: burn::tensor::backend::Backend>(t: Tensor<Bk, D>) -> Vec<f32> {
     t.cast(DType::F32).into_data().to_vec().unwrap()
-}
-
-fn bits(v: &[f32]) -> Vec<u64> {
-    v.iter().map(|x| x.to_bits() as u64).collect()
 }
 
 /// Forward and backward of `Σ g_logp·logp + g_lse·lse` on one rank.
@@ -199,18 +171,18 @@ fn split(world: usize, v: usize) -> Vec<VocabShard> {
 fn assert_same(what: &str, got: &RankOut, expected: &RankOut) {
     assert_bits_eq(
         &format!("{what}: logp"),
-        &bits(&got.logp),
-        &bits(&expected.logp),
+        &bits_of(&got.logp),
+        &bits_of(&expected.logp),
     );
     assert_bits_eq(
         &format!("{what}: lse"),
-        &bits(&got.lse),
-        &bits(&expected.lse),
+        &bits_of(&got.lse),
+        &bits_of(&expected.lse),
     );
     assert_bits_eq(
         &format!("{what}: dHidden"),
-        &bits(&got.hidden),
-        &bits(&expected.hidden),
+        &bits_of(&got.hidden),
+        &bits_of(&expected.hidden),
     );
 }
 
@@ -251,15 +223,15 @@ fn nccl_tp_is_bitwise_invariant_across_world_sizes() {
             let weight: Vec<f32> = outs.iter().flat_map(|o| o.weight.clone()).collect();
             assert_bits_eq(
                 &format!("{dtype:?} world {world}: dWeight vs world 1"),
-                &bits(&weight),
-                &bits(&reference[0].weight),
+                &bits_of(&weight),
+                &bits_of(&reference[0].weight),
             );
             if let Some(expected) = &reference[0].bias {
                 let bias: Vec<f32> = outs.iter().flat_map(|o| o.bias.clone().unwrap()).collect();
                 assert_bits_eq(
                     &format!("{dtype:?} world {world}: dBias vs world 1"),
-                    &bits(&bias),
-                    &bits(expected),
+                    &bits_of(&bias),
+                    &bits_of(expected),
                 );
             }
             eprintln!(

@@ -4,13 +4,13 @@
 #[allow(unused_macros)] // the generic suite macro is not used here
 mod common;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::tensor::{DType, Tensor};
 use burn_invariant::tp::{self, InProcessGroup, VocabShard, segment_bounds};
 use burn_invariant::{InvariantError, LinearLogpOptions};
+use common::ranks::{self, bits_of};
 use common::{Rng, assert_bits_eq, float, ints};
 
 type B = burn::backend::NdArray<f32>;
@@ -20,38 +20,11 @@ type AD = burn::backend::Autodiff<B>;
 const WATCHDOG: Duration = Duration::from_secs(120);
 const IGNORE: i64 = -100;
 
-/// Runs `f(rank, group)` on one thread per rank; results in rank order.
 fn on_ranks<T: Send + 'static>(
     groups: Vec<InProcessGroup>,
     f: impl Fn(usize, InProcessGroup) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let world = groups.len();
-    let f = Arc::new(f);
-    let (tx, rx) = mpsc::channel();
-    for (rank, group) in groups.into_iter().enumerate() {
-        let (f, tx) = (f.clone(), tx.clone());
-        std::thread::spawn(move || {
-            let out = catch_unwind(AssertUnwindSafe(|| f(rank, group)));
-            let _ = tx.send((rank, out.map_err(|e| panic_message(&e))));
-        });
-    }
-    let deadline = Instant::now() + WATCHDOG;
-    let mut results: Vec<Option<T>> = (0..world).map(|_| None).collect();
-    for _ in 0..world {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (rank, out) = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("watchdog: a rank did not finish within {WATCHDOG:?}"));
-        results[rank] = Some(out.unwrap_or_else(|msg| panic!("rank {rank} panicked: {msg}")));
-    }
-    results.into_iter().map(Option::unwrap).collect()
-}
-
-fn panic_message(e: &Box<dyn std::any::Any + Send>) -> String {
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+    ranks::on_ranks(groups, WATCHDOG, f)
 }
 
 /// Host data of one problem; every rank builds its tensors from it.
@@ -116,10 +89,6 @@ fn host(t: Tensor<B, 1>) -> Vec<f32> {
 
 fn host2(t: Tensor<B, 2>) -> Vec<f32> {
     t.into_data().to_vec().unwrap()
-}
-
-fn bits_of(v: &[f32]) -> Vec<u64> {
-    v.iter().map(|x| x.to_bits() as u64).collect()
 }
 
 /// Forward and backward of `Σ g_logp·logp + g_lse·lse` on one rank, under `Autodiff`.

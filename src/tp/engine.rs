@@ -12,7 +12,7 @@ use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpI
 use crate::registry::Implementation;
 
 /// Phase timings for profiling (`BURN_INVARIANT_TP_TRACE=1`): each mark waits for the device
-/// and prints the time since the previous mark of this thread. Off, it costs one env lookup.
+/// and prints the time since the previous mark. The variable is read once per process.
 pub(crate) struct Trace<'a, B: InvariantBackend> {
     device: &'a B::Device,
     last: Option<std::time::Instant>,
@@ -20,7 +20,9 @@ pub(crate) struct Trace<'a, B: InvariantBackend> {
 
 impl<'a, B: InvariantBackend> Trace<'a, B> {
     pub(crate) fn start(device: &'a B::Device) -> Self {
-        let enabled = std::env::var("BURN_INVARIANT_TP_TRACE").is_ok_and(|v| v == "1");
+        static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let enabled = *ENABLED
+            .get_or_init(|| std::env::var("BURN_INVARIANT_TP_TRACE").is_ok_and(|v| v == "1"));
         let mut trace = Self { device, last: None };
         if enabled {
             let _ = B::sync(device);

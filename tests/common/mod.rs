@@ -5,6 +5,8 @@
 //! f64 computation on the values actually stored on the device, with dtype-aware tolerances.
 #![allow(dead_code)]
 
+pub mod ranks;
+
 use burn::tensor::{
     DType, Int, Tensor, TensorData,
     backend::{AutodiffBackend, Backend},
