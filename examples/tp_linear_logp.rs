@@ -10,11 +10,14 @@
 //! ```text
 //! cargo run --release --example tp_linear_logp -- [world] [tokens] [hidden] [vocab] [iters]
 //! cargo run --release --features cuda --example tp_linear_logp -- --cuda 4 4096 2048 131072 5
+//! cargo run --release --features cuda --example tp_linear_logp -- --cuda-procs 4 4096 2048 131072 5
 //! ```
 //! Defaults: world 4, N 64, D 128, V 8192, 1 iteration. CPU mode runs one thread per rank on
 //! the NdArray reference with the in-process group. `--cuda` runs one thread per GPU (bf16,
 //! `CubeBackend<CudaRuntime>`, the registry's choice of kernels) with one NCCL communicator
-//! per GPU; it needs `world` visible GPUs.
+//! per GPU; it needs `world` visible GPUs. `--cuda-procs` runs the same world with one *process*
+//! per GPU, the multi-process setup (`NcclId` made by the parent, passed to every rank in the
+//! environment, `NcclGroup::new` per rank); rank 0 then also runs world 1 and checks the bits.
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -188,6 +191,50 @@ fn timed<P: Platform>(
     }
 }
 
+/// Rank `rank` of a `world`-rank TP run: its shard of the LM head, timed forward + backward.
+fn run_rank<P: Platform>(
+    platform: &P,
+    data: &Data,
+    rank: usize,
+    world: usize,
+    group: &P::G,
+    iters: usize,
+    before: impl Fn(),
+) -> Run {
+    type AD<P> = Autodiff<<P as Platform>::B>;
+    let (device, dtype) = (platform.device(rank), platform.dtype());
+    let shard = VocabShard::split(rank, world, data.v);
+    let rows = shard.range();
+    let hidden = tensor::<AD<P>, 2>(data.hidden.clone(), [data.n, data.d], &device, dtype);
+    let weight = tensor::<AD<P>, 2>(
+        data.weight[rows.start * data.d..rows.end * data.d].to_vec(),
+        [shard.len(), data.d],
+        &device,
+        dtype,
+    );
+    let bias = tensor::<AD<P>, 1>(data.bias[rows].to_vec(), [shard.len()], &device, dtype);
+    let targets = targets::<AD<P>>(data, &device);
+    let options = LinearLogpOptions::default().with_ignore_index(PAD);
+    timed::<P>(&device, iters, before, || {
+        let hidden = hidden.clone().require_grad();
+        let (logp, lse) = tp::linear_logp_with_lse(
+            hidden.clone(),
+            weight.clone().require_grad(),
+            targets.clone(),
+            Some(bias.clone().require_grad()),
+            &shard,
+            group,
+            &options,
+        )
+        .expect("tp::linear_logp_with_lse");
+        // dWeight/dBias of this shard are computed whether read or not.
+        let grads = loss(logp.clone(), lse.clone()).backward();
+        let dhidden = hidden.grad(&grads).expect("dHidden");
+        (logp.inner(), lse.inner(), dhidden)
+    })
+}
+
+/// A `world`-rank TP run with one thread per rank in this process.
 fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters: usize) -> Run {
     let groups = platform.groups(world);
     let barrier = Arc::new(Barrier::new(world));
@@ -197,46 +244,9 @@ fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters:
         .map(|(rank, group)| {
             let (platform, data, barrier) = (platform.clone(), data.clone(), barrier.clone());
             std::thread::spawn(move || {
-                type AD<P> = Autodiff<<P as Platform>::B>;
-                let (device, dtype) = (platform.device(rank), platform.dtype());
-                let shard = VocabShard::split(rank, world, data.v);
-                let rows = shard.range();
-                let hidden =
-                    tensor::<AD<P>, 2>(data.hidden.clone(), [data.n, data.d], &device, dtype);
-                let weight = tensor::<AD<P>, 2>(
-                    data.weight[rows.start * data.d..rows.end * data.d].to_vec(),
-                    [shard.len(), data.d],
-                    &device,
-                    dtype,
-                );
-                let bias =
-                    tensor::<AD<P>, 1>(data.bias[rows].to_vec(), [shard.len()], &device, dtype);
-                let targets = targets::<AD<P>>(&data, &device);
-                let options = LinearLogpOptions::default().with_ignore_index(PAD);
-                timed::<P>(
-                    &device,
-                    iters,
-                    || {
-                        barrier.wait();
-                    },
-                    || {
-                        let hidden = hidden.clone().require_grad();
-                        let (logp, lse) = tp::linear_logp_with_lse(
-                            hidden.clone(),
-                            weight.clone().require_grad(),
-                            targets.clone(),
-                            Some(bias.clone().require_grad()),
-                            &shard,
-                            &group,
-                            &options,
-                        )
-                        .expect("tp::linear_logp_with_lse");
-                        // dWeight/dBias of this shard are computed whether read or not.
-                        let grads = loss(logp.clone(), lse.clone()).backward();
-                        let dhidden = hidden.grad(&grads).expect("dHidden");
-                        (logp.inner(), lse.inner(), dhidden)
-                    },
-                )
+                run_rank(&*platform, &data, rank, world, &group, iters, || {
+                    barrier.wait();
+                })
             })
         })
         .collect();
@@ -350,12 +360,114 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
     ok && bitwise
 }
 
+/// One process per GPU: the multi-process NCCL setup.
+#[cfg(feature = "cuda")]
+mod procs {
+    use super::*;
+    use burn_invariant::tp::{NcclGroup, NcclId};
+
+    const ID_VAR: &str = "BURN_INVARIANT_EXAMPLE_NCCL_ID";
+
+    /// Spawns `world` ranks of this binary (`--cuda-rank r ...`) and reports the slowest.
+    pub fn parent(world: usize, sizes: [usize; 4]) -> bool {
+        let [n, d, v, iters] = sizes;
+        println!(
+            "tp_linear_logp: world {world}, N = {n}, D = {d}, V = {v}, one process per GPU \
+             (bf16, NCCL group from an NcclId); forward+backward, median of {iters}"
+        );
+        let id = NcclId::new().expect("NCCL id");
+        let exe = std::env::current_exe().expect("current executable");
+        let children: Vec<_> = (0..world)
+            .map(|rank| {
+                std::process::Command::new(&exe)
+                    .arg("--cuda-rank")
+                    .args([rank, world, n, d, v, iters].map(|x| x.to_string()))
+                    .env(ID_VAR, id.to_hex())
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawning a rank")
+            })
+            .collect();
+        let mut slowest = 0f64;
+        let (mut base_ms, mut ok) = (None, true);
+        for (rank, child) in children.into_iter().enumerate() {
+            let output = child.wait_with_output().expect("rank process");
+            ok &= output.status.success();
+            for line in String::from_utf8_lossy(&output.stdout).lines() {
+                println!("  rank {rank}: {line}");
+                let value = |key: &str| {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix(key))
+                        .and_then(|x| x.parse::<f64>().ok())
+                };
+                if let Some(ms) = value("rank_ms=") {
+                    slowest = slowest.max(ms);
+                }
+                if let Some(ms) = value("world1_ms=") {
+                    base_ms = Some(ms);
+                }
+                ok &= !line.contains("bitwise=false");
+            }
+        }
+        if let Some(base) = base_ms {
+            println!(
+                "RESULT tp_fwd_bwd_procs world={world} n={n} d={d} v={v} ms={slowest:.3} \
+                 world1_ms={base:.3} ratio={:.3}",
+                slowest / base
+            );
+        }
+        ok && base_ms.is_some()
+    }
+
+    /// Rank `rank`: joins the group, runs the timed TP steps; rank 0 then runs world 1 in
+    /// this process and compares the bits.
+    pub fn child(rank: usize, world: usize, sizes: [usize; 4]) -> bool {
+        let [n, d, v, iters] = sizes;
+        let id = std::env::var(ID_VAR).expect("the parent sets the NCCL id");
+        let id = NcclId::from_hex(&id).expect("NCCL id");
+        let device = Gpu.device(rank);
+        let group = NcclGroup::new(&device, rank, world, &id).expect("joining the NCCL group");
+        let data = Arc::new(data(n, d, v));
+        // A host all-gather of one word is the cross-process barrier between iterations.
+        let barrier = || {
+            Collective::<Autodiff<<Gpu as Platform>::B>>::all_gather_host(&group, &[0])
+                .expect("barrier");
+        };
+        let run = run_rank(&Gpu, &data, rank, world, &group, iters, barrier);
+        println!("rank_ms={:.3}", run.time.as_secs_f64() * 1e3);
+        drop(group);
+        if rank != 0 {
+            return true;
+        }
+        let base = run_tp(&Arc::new(Gpu), &data, 1, iters);
+        let same = bitwise_equal(&run.logp, &base.logp)
+            && bitwise_equal(&run.lse, &base.lse)
+            && bitwise_equal(&run.dhidden, &base.dhidden);
+        let comparable = 8usize.is_multiple_of(world);
+        println!(
+            "world1_ms={:.3} bitwise={}",
+            base.time.as_secs_f64() * 1e3,
+            if comparable {
+                same.to_string()
+            } else {
+                "n/a".into()
+            }
+        );
+        !comparable || same
+    }
+}
+
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let cuda = args.first().is_some_and(|a| a == "--cuda");
-    if cuda {
+    let mode = args
+        .first()
+        .filter(|a| a.starts_with("--"))
+        .cloned()
+        .unwrap_or_default();
+    if !mode.is_empty() {
         args.remove(0);
     }
+    let cuda = mode == "--cuda";
     let numbers: Vec<usize> = args
         .iter()
         .map(|a| {
@@ -371,6 +483,27 @@ fn main() {
         arg(3, 8192),
         arg(4, 1).max(1),
     );
+    #[cfg(feature = "cuda")]
+    {
+        let sizes = [arg(1, 64), arg(2, 128), arg(3, 8192), arg(4, 1).max(1)];
+        let done = match mode.as_str() {
+            "--cuda-procs" => Some(procs::parent(arg(0, 4), sizes)),
+            // Internal: one rank of --cuda-procs (arguments: rank, then the usual ones).
+            "--cuda-rank" => {
+                let rest = [arg(2, 64), arg(3, 128), arg(4, 8192), arg(5, 1).max(1)];
+                Some(procs::child(arg(0, 0), arg(1, 1), rest))
+            }
+            _ => None,
+        };
+        if let Some(ok) = done {
+            println!("{}", if ok { "OK" } else { "FAILED" });
+            std::process::exit(if ok { 0 } else { 1 });
+        }
+    }
+    if !mode.is_empty() && !cuda {
+        eprintln!("unknown mode {mode}: expected --cuda, --cuda-procs (feature `cuda`) or none");
+        std::process::exit(2);
+    }
     let ok = if cuda {
         #[cfg(feature = "cuda")]
         {

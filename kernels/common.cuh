@@ -7,8 +7,8 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// Opaque CUtensorMap (128 B, 64-B aligned), encoded on the host with cuTensorMapEncodeTiled and
-// passed inside the by-value __grid_constant__ Params struct (so TMA may read it from param space).
+// Opaque CUtensorMap (128 B, 64-B aligned), encoded on the host with cuTensorMapEncodeTiled and passed as a
+// by-value __grid_constant__ kernel parameter (so TMA may read it from param space).
 struct __align__(64) TmaDesc {
   u64 w[16];
 };

@@ -3,15 +3,14 @@
 // K walked in ascending 64-wide blocks, no split-K, persistent grid: a tile's bits never depend on which
 // CTA computed it, nor on M. ABI: README.md.
 
+// The operand maps tmA/tmB are kernel parameters of their own (README.md, "Entry points").
 struct GemmParams {
-  TmaDesc tmA;     // offset   0
-  TmaDesc tmB;     // offset 128
-  u32 M, N, K;     // offset 256, 260, 264
-  u32 flags;       // offset 268: GEMM_* bits below
-  u64 ldc;         // offset 272: row stride of C and Cacc, in elements
-  u64 c_offset;    // offset 280: element offset added to C and Cacc
-};                 // sizeof 320 (padded to the 64-byte alignment)
-static_assert(sizeof(GemmParams) == 320, "GemmParams ABI: the host builds these 320 bytes by hand");
+  u32 M, N, K;     // offset  0,  4,  8
+  u32 flags;       // offset 12: GEMM_* bits below
+  u64 ldc;         // offset 16: row stride of C and Cacc, in elements
+  u64 c_offset;    // offset 24: element offset added to C and Cacc
+};                 // sizeof 32
+static_assert(sizeof(GemmParams) == 32, "GemmParams ABI: the host builds these bytes by hand");
 
 #define GEMM_BIAS 1u       // C = round(v + bias[n])
 #define GEMM_ACC_LOAD 2u   // v = Cacc[m,n] + acc   (else v = acc)
@@ -183,15 +182,15 @@ __device__ __forceinline__ void gemm_epilogue_any(const GemmParams& p, const flo
 }
 
 template <class T, class G>
-__device__ __forceinline__ void gemm_body(const GemmParams& p, const T* __restrict__ bias, T* __restrict__ C,
-                                          float* __restrict__ Cacc) {
+__device__ __forceinline__ void gemm_body(const TmaDesc* tmA, const TmaDesc* tmB, const GemmParams& p,
+                                          const T* __restrict__ bias, T* __restrict__ C, float* __restrict__ Cacc) {
   extern __shared__ unsigned char smem_raw[];
   const typename G::Smem s = G::carve(smem_raw);
   const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
   if (threadIdx.x == 0) {
     G::init_barriers(s);
-    tma_prefetch_desc(&p.tmA);
-    tma_prefetch_desc(&p.tmB);
+    tma_prefetch_desc(tmA);
+    tma_prefetch_desc(tmB);
   }
   __syncthreads();
   if (G::CL > 1) cluster_sync();  // peers' barriers are initialised before any multicast or remote arrive
@@ -208,7 +207,7 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, const T* __restri
       for (int t = first; t < tiles; t += step) {
         int mb, nb;
         tile_coords<16 / G::CL>(t, num_m, num_n, mb, nb);
-        produce_tile<G>(s, ps, &p.tmA, &p.tmB, (mb * G::CL + rank) * G::BM, nb * G::BN, nk);
+        produce_tile<G>(s, ps, tmA, tmB, (mb * G::CL + rank) * G::BM, nb * G::BN, nk);
       }
     }
     __syncwarp();  // lanes 1..31 wait here (not in the cluster barrier) while lane 0 produces
@@ -235,9 +234,11 @@ __device__ __forceinline__ void gemm_body(const GemmParams& p, const T* __restri
 // (same per-element K order, so the same bits: checked by the harness).
 #define IB_GEMM_ENTRY(NAME, T, BN, NC, ST, TA, TB, CL)                                                      \
   extern "C" __global__ void __launch_bounds__(128 * (NC + 1), 1) __cluster_dims__(CL, 1, 1)                 \
-      NAME(const T* __restrict__ A, const T* __restrict__ B, const T* __restrict__ bias, T* __restrict__ C, \
-           float* __restrict__ Cacc, const __grid_constant__ GemmParams p) {                                 \
-    ib::gemm_body<T, ib::Gmma<T, BN, NC, ST, TA, TB, CL>>(p, bias, C, Cacc);                                 \
+      NAME(const __grid_constant__ TmaDesc tmA, const __grid_constant__ TmaDesc tmB, const void* mapA,        \
+           const void* mapB, const T* A, const T* B, const T* __restrict__ bias, T* __restrict__ C,          \
+           float* __restrict__ Cacc,                                                                         \
+           const __grid_constant__ GemmParams p) {                                                           \
+    ib::gemm_body<T, ib::Gmma<T, BN, NC, ST, TA, TB, CL>>(&tmA, &tmB, p, bias, C, Cacc);                     \
   }
 
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nn_bf16)

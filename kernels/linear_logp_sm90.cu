@@ -13,26 +13,24 @@
 
 #define LOGP_SEG 1024  // vocab columns per forward segment (multiple of the 256-wide vocab tile)
 
+// Forward maps (kernel parameters): tmH = H [N, D], tmW = W [V, D]. Backward maps: tmH = H rows [t0, t0+tw)
+// (base &H[t0*D], dims {D, tw}), tmW = W rows [v0, v0+vw) (base &W[v0*D], dims {D, vw}).
 struct LogpFwdParams {
-  TmaDesc tmH;             // offset   0: H [N, D], box 64x64, swizzle 128B
-  TmaDesc tmW;             // offset 128: W [V, D], box 64x64, swizzle 128B
-  u32 N, V, D;             // offset 256, 260, 264
-  u32 flags;               // offset 268: LOGP_HAS_BIAS | LOGP_HAS_IGNORE
-  long long ignore_index;  // offset 272
-};                         // sizeof 320
+  u32 N, V, D;             // offset  0,  4,  8
+  u32 flags;               // offset 12: LOGP_HAS_BIAS | LOGP_HAS_IGNORE
+  long long ignore_index;  // offset 16
+};                         // sizeof 24
 
 struct LogpBwdParams {
-  TmaDesc tmH;             // offset   0: H rows [t0, t0+tw): base &H[t0*D], dims {D, tw}
-  TmaDesc tmW;             // offset 128: W rows [v0, v0+vw): base &W[v0*D], dims {D, vw}
-  u32 tw, vw, D;           // offset 256, 260, 264: chunk rows, chunk vocab columns, hidden size
-  u32 flags;               // offset 268: LOGP_* bits
-  long long ignore_index;  // offset 272
-  u32 t0, v0;              // offset 280, 284: chunk origin (global token row, global vocab column)
-  u32 ldz;                 // offset 288: row stride (elements) of dz and of dbias_part; multiple of 8
-};                         // sizeof 320
+  u32 tw, vw, D;           // offset  0,  4,  8: chunk rows, chunk vocab columns, hidden size
+  u32 flags;               // offset 12: LOGP_* bits
+  long long ignore_index;  // offset 16
+  u32 t0, v0;              // offset 24, 28: chunk origin (global token row, global vocab column)
+  u32 ldz;                 // offset 32: row stride (elements) of dz and of dbias_part; multiple of 8
+};                         // sizeof 40
 
-static_assert(sizeof(LogpFwdParams) == 320, "LogpFwdParams ABI: the host builds these 320 bytes by hand");
-static_assert(sizeof(LogpBwdParams) == 320, "LogpBwdParams ABI: the host builds these 320 bytes by hand");
+static_assert(sizeof(LogpFwdParams) == 24, "LogpFwdParams ABI: the host builds these bytes by hand");
+static_assert(sizeof(LogpBwdParams) == 40, "LogpBwdParams ABI: the host builds these bytes by hand");
 
 #define LOGP_HAS_BIAS 1u
 #define LOGP_HAS_IGNORE 2u
@@ -55,7 +53,8 @@ __device__ __forceinline__ float2 ms_combine(float2 a, float2 b) {
 }
 
 template <class T, class G>
-__device__ __forceinline__ void logp_fwd_body(const LogpFwdParams& p, const T* __restrict__ bias,
+__device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc* tmW, const LogpFwdParams& p,
+                                              const T* __restrict__ bias,
                                               const int* __restrict__ targets, float* __restrict__ logp,
                                               float2* __restrict__ ws) {
   extern __shared__ unsigned char smem_raw[];
@@ -63,8 +62,8 @@ __device__ __forceinline__ void logp_fwd_body(const LogpFwdParams& p, const T* _
   const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
   if (threadIdx.x == 0) {
     G::init_barriers(s);
-    tma_prefetch_desc(&p.tmH);
-    tma_prefetch_desc(&p.tmW);
+    tma_prefetch_desc(tmH);
+    tma_prefetch_desc(tmW);
   }
   __syncthreads();
   cluster_sync();
@@ -79,7 +78,7 @@ __device__ __forceinline__ void logp_fwd_body(const LogpFwdParams& p, const T* _
       for (int it = first; it < items; it += step) {
         const int rb = (it % num_rbp) * G::CL + rank, sg = it / num_rbp;
         const int vend = min(V, (sg + 1) * LOGP_SEG);
-        for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) produce_tile<G>(s, ps, &p.tmH, &p.tmW, rb * G::BM, n0, nk);
+        for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) produce_tile<G>(s, ps, tmH, tmW, rb * G::BM, n0, nk);
       }
     }
     __syncwarp();
@@ -170,7 +169,8 @@ __device__ __forceinline__ void logp_fwd_body(const LogpFwdParams& p, const T* _
 }
 
 template <class T>
-__device__ __forceinline__ void logp_bwd_dz_body(const LogpBwdParams& p, const T* __restrict__ bias,
+__device__ __forceinline__ void logp_bwd_dz_body(const TmaDesc* tmH, const TmaDesc* tmW, const LogpBwdParams& p,
+                                                 const T* __restrict__ bias,
                                                  const int* __restrict__ targets, const float* __restrict__ lse,
                                                  const float* __restrict__ g_logp, const float* __restrict__ g_lse,
                                                  T* __restrict__ dz, float* __restrict__ dbias_part) {
@@ -182,8 +182,8 @@ __device__ __forceinline__ void logp_bwd_dz_body(const LogpBwdParams& p, const T
   const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
   if (threadIdx.x == 0) {
     G::init_barriers(s);
-    tma_prefetch_desc(&p.tmH);
-    tma_prefetch_desc(&p.tmW);
+    tma_prefetch_desc(tmH);
+    tma_prefetch_desc(tmW);
   }
   __syncthreads();
   cluster_sync();
@@ -196,7 +196,7 @@ __device__ __forceinline__ void logp_bwd_dz_body(const LogpBwdParams& p, const T
     reg_dealloc<40>();
     if (tid == 0) {
       for (int t = first; t < tiles; t += step)
-        produce_tile<G>(s, ps, &p.tmH, &p.tmW, ((t % num_rbp) * G::CL + rank) * G::BM, (t / num_rbp) * G::BN, nk);
+        produce_tile<G>(s, ps, tmH, tmW, ((t % num_rbp) * G::CL + rank) * G::BM, (t / num_rbp) * G::BN, nk);
     }
     __syncwarp();
   } else {
@@ -297,10 +297,11 @@ __device__ __forceinline__ void logp_bwd_dz_body(const LogpBwdParams& p, const T
 
 #define IB_LOGP_FWD_ENTRY(NAME, T, CFG)                                                                     \
   extern "C" __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1)                            \
-      NAME(const T* __restrict__ H, const T* __restrict__ W, const T* __restrict__ bias,                   \
+      NAME(const __grid_constant__ TmaDesc tmH, const __grid_constant__ TmaDesc tmW, const void* mapH,        \
+           const void* mapW, const T* H, const T* W, const T* __restrict__ bias,                            \
            const int* __restrict__ targets, float* __restrict__ logp, float* __restrict__ lse,             \
            float2* __restrict__ ws, const __grid_constant__ LogpFwdParams p) {                             \
-    ib::logp_fwd_body<T, CFG>(p, bias, targets, logp, ws);                                                  \
+    ib::logp_fwd_body<T, CFG>(&tmH, &tmW, p, bias, targets, logp, ws);                                      \
   }
 // Entry selection as in gemm_sm90.cu: "#define IB_SELECT" + "#define IB_ENTRY_<name>" compiles one entry.
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_bf16)
@@ -313,8 +314,7 @@ IB_LOGP_FWD_ENTRY(ib_logp_fwd_f16, __half, ib::LogpCfgF16)
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_merge)
 // One warp per row: in-place pairwise tree over the row's segment partials (segment i absorbs segment
 // i + stride for stride = 1, 2, 4, ...), then lse = m + log(s) and logp = z_t - lse.
-extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const void* H, const void* W, const void* bias,
-                                                               const int* __restrict__ targets,
+extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __restrict__ targets,
                                                                float* __restrict__ logp, float* __restrict__ lse,
                                                                float2* __restrict__ ws,
                                                                const __grid_constant__ LogpFwdParams p) {
@@ -343,18 +343,18 @@ extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const void* H, c
 
 #define IB_LOGP_BWD_DZ_ENTRY(SUF, T)                                                                        \
   extern "C" __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1) ib_logp_bwd_dz_##SUF(     \
-      const T* __restrict__ H, const T* __restrict__ W, const T* __restrict__ bias,                        \
+      const __grid_constant__ TmaDesc tmH, const __grid_constant__ TmaDesc tmW, const void* mapH,           \
+      const void* mapW, const T* H, const T* W, const T* __restrict__ bias,                               \
       const int* __restrict__ targets, const float* __restrict__ lse, const float* __restrict__ g_logp,    \
-      const float* __restrict__ g_lse, T* __restrict__ dz, float* __restrict__ dbias_part,                 \
-      float* __restrict__ dbias_acc, T* __restrict__ dbias_out, const __grid_constant__ LogpBwdParams p) {  \
-    ib::logp_bwd_dz_body<T>(p, bias, targets, lse, g_logp, g_lse, dz, dbias_part);                          \
+      const float* __restrict__ g_lse, T* __restrict__ dz,                                                 \
+      float* __restrict__ dbias_part, const __grid_constant__ LogpBwdParams p) {                           \
+    ib::logp_bwd_dz_body<T>(&tmH, &tmW, p, bias, targets, lse, g_logp, g_lse, dz, dbias_part);              \
   }
 /* dbias for one chunk: ascending sum over the chunk's 128-row blocks; the chunk order is the host's */
 #define IB_LOGP_BWD_DBIAS_ENTRY(SUF, T)                                                                     \
   extern "C" __global__ void __launch_bounds__(256) ib_logp_bwd_dbias_##SUF(                               \
-      const T* H, const T* W, const T* bias, const int* targets, const float* lse, const float* g_logp,    \
-      const float* g_lse, T* dz, const float* __restrict__ dbias_part, float* __restrict__ dbias_acc,      \
-      T* __restrict__ dbias_out, const __grid_constant__ LogpBwdParams p) {                                \
+      const float* __restrict__ dbias_part, float* __restrict__ dbias_acc, T* __restrict__ dbias_out,      \
+      const __grid_constant__ LogpBwdParams p) {                                                           \
     const int col = blockIdx.x * 256 + threadIdx.x;                                                         \
     if (col >= (int)p.vw) return;                                                                           \
     const int nrb = ib::cdiv((int)p.tw, 128);                                                               \

@@ -495,3 +495,60 @@ fn a_missing_rank_fails_in_bounded_time() {
     );
     assert!(elapsed < timeout * 4, "waited {elapsed:?}");
 }
+
+/// A tensor exchange only enqueues (it is ordered on the device, not through the host), so a
+/// missing peer cannot make it return an error: its result turns NaN once the device-side wait
+/// times out, and the next call on the group fails. The group is dropped right after a
+/// completed exchange on the other path: dropping waits for in-flight exchanges.
+#[test]
+#[serial]
+fn a_tensor_exchange_without_its_peer_gives_nan_then_an_error() {
+    use burn_invariant::tp::Collective;
+    let gpus = gpus();
+    if gpus < 2 {
+        eprintln!("NOTICE: needs 2 GPUs, {gpus} visible: skipped");
+        return;
+    }
+    let timeout = Duration::from_secs(3);
+    let id = NcclId::new().unwrap();
+    let results = on_ranks(2, move |rank| {
+        let device = CudaDevice::new(rank);
+        let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout).expect("join");
+        if rank == 1 {
+            return None; // never exchanges
+        }
+        let block = float::<B, 1>(vec![1.0, 2.0, 3.0], [3], &device, DType::F32);
+        let start = Instant::now();
+        let gathered = Collective::<B>::all_gather(&group, block).expect("enqueued");
+        let values: Vec<f32> = gathered.into_data().to_vec().unwrap();
+        let waited = start.elapsed();
+        let next = Collective::<B>::all_gather_host(&group, &[1]);
+        Some((values, waited, next.err()))
+    });
+    let (values, waited, next) = results[0].clone().unwrap();
+    assert_eq!(values.len(), 6);
+    assert!(values.iter().all(|v| v.is_nan()), "got {values:?}");
+    assert!(
+        waited >= timeout && waited < timeout * 4,
+        "waited {waited:?}"
+    );
+    assert!(
+        matches!(next, Some(InvariantError::Collective { .. })),
+        "got {next:?}"
+    );
+
+    // Both ranks exchange, then drop their groups at once: the result is complete and exact.
+    let id = NcclId::new().unwrap();
+    let results = on_ranks(2, move |rank| {
+        let device = CudaDevice::new(rank);
+        let gathered = {
+            let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout).expect("join");
+            let block = float::<B, 1>(vec![rank as f32 + 0.5; 4], [4], &device, DType::F32);
+            Collective::<B>::all_gather(&group, block).expect("enqueued")
+        };
+        gathered.into_data().to_vec::<f32>().unwrap()
+    });
+    for values in results {
+        assert_eq!(values, [0.5, 0.5, 0.5, 0.5, 1.5, 1.5, 1.5, 1.5]);
+    }
+}

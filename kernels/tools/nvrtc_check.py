@@ -23,7 +23,10 @@ SOURCES = {
     + [f"ib_gemm_{l}_{t}_nocluster" for t in ("bf16", "f16") for l in ("nn", "nt", "tn")],
     "linear_logp_sm90.cu": [f"ib_logp_{k}_{t}" for t in ("bf16", "f16") for k in ("fwd", "bwd_dz", "bwd_dbias")]
     + ["ib_logp_merge"],
+    "stream_sync.cu": ["ib_signal", "ib_wait", "ib_copy"],
 }
+# Compiled alone (no common.cuh, no entry selection), every entry at once, as the Rust side does.
+STANDALONE = {"stream_sync.cu"}
 
 
 def _candidates_lib():
@@ -83,10 +86,12 @@ def load_nvrtc():
 
 
 def kernel_source(cu_name, entry=None):
-    with open(os.path.join(KDIR, "common.cuh")) as f:
-        common = f.read()
     with open(os.path.join(KDIR, cu_name)) as f:
         body = f.read()
+    if cu_name in STANDALONE:
+        return body
+    with open(os.path.join(KDIR, "common.cuh")) as f:
+        common = f.read()
     sel = f"#define IB_SELECT\n#define IB_ENTRY_{entry}\n" if entry else ""
     return sel + common + "\n" + body  # exactly what the Rust side concatenates
 
@@ -127,7 +132,7 @@ def main():
         os.makedirs(out_dir, exist_ok=True)
     ok = True
     for cu, entries in SOURCES.items():
-        jobs = [(None, entries)] if full else [(e, [e]) for e in entries]
+        jobs = [(None, entries)] if full or cu in STANDALONE else [(e, [e]) for e in entries]
         for sel, expect in jobs:
             label = cu if sel is None else f"{cu}:{sel}"
             t = time.time()

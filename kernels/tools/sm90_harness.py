@@ -86,14 +86,17 @@ NUM_SMS = torch.cuda.get_device_properties(0).multi_processor_count
 class Launch:
     """A prepared cuLaunchKernel call (parameters packed once, as a Rust launcher caching its tensor maps would)."""
 
-    def __init__(self, cu, name, grid, block, smem, buffers, params):
+    def __init__(self, cu, name, grid, block, smem, maps, buffers, params):
         self.f = get_func(cu, name, smem)
         self.grid, self.block, self.smem = grid, block, smem
+        # Parameter order (README 'Entry points'): tensor maps, then buffers (the maps' own buffers first), then
+        # the Params struct.
+        self.maps = [ctypes.create_string_buffer(bytes(m), 128) for m in maps]
         self.vals = [ctypes.c_uint64(b.data_ptr() if b is not None else _dummy.data_ptr()) for b in buffers]
         self.keep = buffers
         self.pbuf = ctypes.create_string_buffer(bytes(params), len(params))
-        self.ptrs = (ctypes.c_void_p * (len(self.vals) + 1))(*[ctypes.addressof(v) for v in self.vals],
-                                                             ctypes.addressof(self.pbuf))
+        slots = [ctypes.addressof(m) for m in self.maps] + [ctypes.addressof(v) for v in self.vals]
+        self.ptrs = (ctypes.c_void_p * (len(slots) + 1))(*slots, ctypes.addressof(self.pbuf))
 
     def __call__(self):
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -104,9 +107,10 @@ class Launch:
 RECORD = None  # when a list, launch() records prepared launches instead of running them
 
 
-def launch(cu, name, grid, block, smem, buffers, params):
-    """buffers: list of torch tensors (None -> a dummy buffer the kernel never touches); params: Params bytes."""
-    l = Launch(cu, name, grid, block, smem, buffers, params)
+def launch(cu, name, grid, block, smem, maps, buffers, params):
+    """maps: encoded tensor maps (128 bytes each); buffers: list of torch tensors (None -> a dummy buffer the
+    kernel never touches); params: Params bytes."""
+    l = Launch(cu, name, grid, block, smem, maps, buffers, params)
     if RECORD is not None:
         RECORD.append(l)
     else:
@@ -181,11 +185,10 @@ def gemm(layout, a, b, bias=None, out=None, variant="big", flags=None, cacc=None
         tb = tmap(b, K, N, b.stride(0))
     if flags is None:
         flags = GEMM_STORE_C | (GEMM_BIAS if bias is not None else 0)
-    params = ta + tb + struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
-    params += b"\0" * (320 - len(params))
+    params = struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
     _, _, thr, smem, _, suf = VARIANT[variant]
     name = f"ib_gemm_{layout}{'_small' if variant == 'small' else ''}_{sfx(a.dtype)}{suf if variant == 'nocluster' else ''}"
-    launch("gemm_sm90.cu", name, gemm_grid(variant, M, N), thr, smem, [a, b, bias, out, cacc], params)
+    launch("gemm_sm90.cu", name, gemm_grid(variant, M, N), thr, smem, [ta, tb], [a, b, a, b, bias, out, cacc], params)
     return out
 
 
@@ -313,12 +316,13 @@ def logp_fwd(H, W, targets, bias=None, ignore_index=None):
     logp = torch.full((N,), float("nan"), device="cuda"); lse = torch.full((N,), float("nan"), device="cuda")
     ws = torch.empty((nseg * N * 2,), device="cuda")
     flags = (LOGP_HAS_BIAS if bias is not None else 0) | (LOGP_HAS_IGNORE if ignore_index is not None else 0)
-    p = tmap(H, N, D, D) + tmap(W, V, D, D) + struct.pack("<IIIIq", N, V, D, flags, ignore_index or 0)
-    p += b"\0" * (320 - len(p))
+    maps = [tmap(H, N, D, D), tmap(W, V, D, D)]
+    p = struct.pack("<IIIIq", N, V, D, flags, ignore_index or 0)
     items = -(-(-(-N // 128)) // 2) * nseg  # (row-block pair, segment) items, one per 2-CTA cluster
-    bufs = [H, W, bias, targets, logp, lse, ws]
-    launch("linear_logp_sm90.cu", f"ib_logp_fwd_{sfx(H.dtype)}", 2 * min(items, NUM_SMS // 2), 384, LOGP_SMEM, bufs, p)
-    launch("linear_logp_sm90.cu", "ib_logp_merge", -(-N // 8), 256, 0, bufs, p)
+    bufs = [H, W, H, W, bias, targets, logp, lse, ws]
+    launch("linear_logp_sm90.cu", f"ib_logp_fwd_{sfx(H.dtype)}", 2 * min(items, NUM_SMS // 2), 384, LOGP_SMEM, maps,
+           bufs, p)
+    launch("linear_logp_sm90.cu", "ib_logp_merge", -(-N // 8), 256, 0, [], [targets, logp, lse, ws], p)
     return logp, lse
 
 
@@ -342,14 +346,16 @@ def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tc
             fl = base
             if bias is not None:
                 fl |= (DB_LOAD if ti > 0 else 0) | (DB_STORE_ACC if ti < ntc - 1 else 0) | (DB_STORE if ti == ntc - 1 else 0)
-            p = tmap(H, tw, D, D, t0 * D) + tmap(W, vw, D, D, v0 * D) + struct.pack(
-                "<IIIIqIII", tw, vw, D, fl, ignore_index or 0, t0, v0, vchunk)
-            p += b"\0" * (320 - len(p))
-            bufs = [H, W, bias, targets, lse, g_logp, g_lse, dz, part, db_acc, db]
+            maps = [tmap(H, tw, D, D, t0 * D), tmap(W, vw, D, D, v0 * D)]
+            p = struct.pack("<IIIIqIII", tw, vw, D, fl, ignore_index or 0, t0, v0, vchunk)
+            p += b"\0" * (40 - len(p))
+            bufs = [H, W, H, W, bias, targets, lse, g_logp, g_lse, dz, part]
             tiles = -(-(-(-tw // 128)) // 2) * -(-vw // 256)  # (row-block pair, vocab tile), one per cluster
-            launch("linear_logp_sm90.cu", f"ib_logp_bwd_dz_{sfx(dt)}", 2 * min(tiles, NUM_SMS // 2), 384, LOGP_BWD_SMEM, bufs, p)
+            launch("linear_logp_sm90.cu", f"ib_logp_bwd_dz_{sfx(dt)}", 2 * min(tiles, NUM_SMS // 2), 384, LOGP_BWD_SMEM, maps,
+                   bufs, p)
             if bias is not None:
-                launch("linear_logp_sm90.cu", f"ib_logp_bwd_dbias_{sfx(dt)}", -(-vw // 256), 256, 0, bufs, p)
+                launch("linear_logp_sm90.cu", f"ib_logp_bwd_dbias_{sfx(dt)}", -(-vw // 256), 256, 0, [],
+                       [part, db_acc, db], p)
             # dH[t0:t0+tw] (+)= dz . W[v0:v0+vw]       (NN, reduction over this vocab chunk)
             fh = (GEMM_ACC_LOAD if vi > 0 else 0) | (GEMM_ACC_STORE if vi < nvc - 1 else 0) | (GEMM_STORE_C if vi == nvc - 1 else 0)
             gemm_raw("nn", dz, tmap(dz, tw, vw, vchunk), tmap(W, vw, D, D, v0 * D), tw, D, vw, fh, dH, dH_acc, t0 * D, D)
@@ -360,10 +366,9 @@ def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tc
 
 
 def gemm_raw(layout, like, ta, tb, M, N, K, flags, out, cacc, c_offset, ldc):
-    params = ta + tb + struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
-    params += b"\0" * (320 - len(params))
+    params = struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
     launch("gemm_sm90.cu", f"ib_gemm_{layout}_{sfx(like.dtype)}", gemm_grid("big", M, N), 384, VARIANT["big"][3],
-           [like, like, None, out, cacc], params)
+           [ta, tb], [like, like, like, like, None, out, cacc], params)
 
 
 def ref_logp(H, W, targets, bias=None, ignore_index=None):

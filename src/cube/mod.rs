@@ -5,6 +5,8 @@
 mod fusion;
 #[cfg(feature = "cuda")]
 mod sm90;
+#[cfg(feature = "cuda")]
+pub(crate) use sm90::launch_stream_sync;
 
 use burn::tensor::{
     DType, Shape,

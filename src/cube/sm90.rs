@@ -1,8 +1,9 @@
 //! `Sm90`: the hand-written TMA + WGMMA kernels of `kernels/`, compiled by cubecl's NVRTC path
 //! for `sm_90a` at first use (one entry point per compilation, cached by cubecl) and launched
 //! on cubecl's own stream with cubecl's buffers, so they order with every other Burn op and need
-//! no host synchronisation. The ABI (buffers, 320-byte parameter blocks, grids) is
-//! `kernels/README.md`.
+//! no host synchronisation. The TMA maps are cubecl tensor-map bindings: cubecl encodes them from
+//! the buffers at launch, on its server thread, so a launch never waits for a device address.
+//! The ABI (maps, buffers, parameter blocks, grids) is `kernels/README.md`.
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -14,13 +15,17 @@ use burn_cubecl::{
 };
 use cubecl::cuda::{CudaCompiler, CudaComputeKernel, CudaDevice, CudaRuntime};
 use cubecl::prelude::*;
-use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo};
+use cubecl::server::{
+    Binding, KernelArguments, MetadataBindingInfo, TensorMapBinding, TensorMapMeta,
+};
+use cubecl::zspace::metadata::Metadata;
 use cubecl::{CompilationError, Compiler, CubeTask};
 use cubecl_cpp::shared::{Body, Elem, Flags, Item, SharedMemory};
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 const GEMM_UNIT: &str = include_str!("../../kernels/gemm_sm90.cu");
 const LOGP_UNIT: &str = include_str!("../../kernels/linear_logp_sm90.cu");
+const STREAM_SYNC_UNIT: &str = include_str!("../../kernels/stream_sync.cu");
 
 /// Fixed host constants of the backward (part of the numerics, kernels/README.md).
 const TOKEN_CHUNK: usize = 4096;
@@ -73,6 +78,8 @@ pub(crate) fn compute_capability(device: &CudaDevice) -> Option<u32> {
 enum Unit {
     Gemm,
     Logp,
+    /// `kernels/stream_sync.cu`: plain CUDA for any architecture, compiled without `common.cuh`.
+    StreamSync,
 }
 
 /// One entry point of `kernels/`, compiled alone (`IB_SELECT`) to keep NVRTC time to seconds.
@@ -142,18 +149,25 @@ impl CubeTask<CudaCompiler> for RawKernel {
         _mode: ExecutionMode,
         _address_type: StorageType,
     ) -> Result<CompiledKernel<CudaCompiler>, CompilationError> {
-        let unit = match self.unit {
-            Unit::Gemm => GEMM_UNIT,
-            Unit::Logp => LOGP_UNIT,
+        let source = match self.unit {
+            Unit::Gemm | Unit::Logp => {
+                let unit = if self.unit == Unit::Gemm {
+                    GEMM_UNIT
+                } else {
+                    LOGP_UNIT
+                };
+                format!(
+                    "#define IB_SELECT\n#define IB_ENTRY_{}\n{COMMON}\n{unit}",
+                    self.entry
+                )
+            }
+            Unit::StreamSync => STREAM_SYNC_UNIT.to_string(),
         };
         let cube_dim = CubeDim::new_1d(self.block);
         Ok(CompiledKernel {
             entrypoint_name: self.entry.clone(),
             debug_name: None,
-            source: format!(
-                "#define IB_SELECT\n#define IB_ENTRY_{}\n{COMMON}\n{unit}",
-                self.entry
-            ),
+            source,
             repr: Some(stub_repr(&self.entry, cube_dim, self.smem)),
             cube_dim,
             debug_info: None,
@@ -161,15 +175,13 @@ impl CubeTask<CudaCompiler> for RawKernel {
     }
 }
 
-/// A 320-byte parameter block: two tensor maps, then scalars at byte offsets.
-struct Params([u64; 40]);
+/// A kernel's by-value parameter struct: scalars at byte offsets (the largest struct is 40
+/// bytes; the driver copies only as many bytes as the kernel declares).
+struct Params([u64; 5]);
 
 impl Params {
-    fn new(map_a: [u64; 16], map_b: [u64; 16]) -> Self {
-        let mut words = [0u64; 40];
-        words[..16].copy_from_slice(&map_a);
-        words[16..32].copy_from_slice(&map_b);
-        Self(words)
+    fn new() -> Self {
+        Self([0; 5])
     }
 
     fn u32_at(mut self, offset: usize, value: u32) -> Self {
@@ -185,16 +197,19 @@ impl Params {
     }
 }
 
+/// Kernel parameters in cubecl's order: the maps, their buffers, `buffers`, then `params`.
 fn launch(
     client: &ComputeClient<CudaRuntime>,
     kernel: RawKernel,
     grid: usize,
+    maps: Vec<TensorMapBinding>,
     buffers: Vec<Binding>,
     params: Params,
 ) {
     let info = params.0.to_vec();
     let words = info.len();
     let args = KernelArguments::new()
+        .with_tensor_maps(maps)
         .with_buffers(buffers)
         .with_info(MetadataBindingInfo::new(info, words));
     client.launch(
@@ -202,6 +217,29 @@ fn launch(
         CubeCount::Static(grid.max(1) as u32, 1, 1),
         args,
     );
+}
+
+/// Launches entry `entry` of `kernels/stream_sync.cu` on the client's stream: `(buffers...,
+/// SyncParams { flags, seq, timeout_ns, words })`.
+pub(crate) fn launch_stream_sync(
+    client: &ComputeClient<CudaRuntime>,
+    entry: &str,
+    [grid, block]: [u32; 2],
+    buffers: Vec<Binding>,
+    [flags, seq, timeout_ns, words]: [u64; 4],
+) {
+    let params = Params::new()
+        .u64_at(0, flags)
+        .u32_at(8, seq as u32)
+        .u64_at(16, timeout_ns)
+        .u64_at(24, words);
+    let kernel = RawKernel {
+        entry: entry.into(),
+        unit: Unit::StreamSync,
+        block,
+        smem: 0,
+    };
+    launch(client, kernel, grid as usize, vec![], buffers, params);
 }
 
 fn suffix(dtype: DType) -> &'static str {
@@ -225,7 +263,6 @@ fn sm_count(client: &ComputeClient<CudaRuntime>) -> usize {
 /// whose base is 16-byte aligned (copied into such a buffer when it is not).
 struct Operand {
     tensor: CubeTensor<CudaRuntime>,
-    ptr: u64,
     cols: usize,
     ld: usize,
 }
@@ -235,41 +272,53 @@ impl Operand {
         let cols = t.meta.shape()[1];
         let strides = t.meta.strides().to_vec();
         let elem = t.dtype.size();
-        let tma_ready =
-            strides[1] == 1 && (strides[0] * elem).is_multiple_of(16) && strides[0] >= cols;
-        if tma_ready {
-            let ptr = device_ptr(&t);
-            // A slice at an odd offset is not TMA-ready either: TMA needs a 16-byte aligned base.
-            if ptr.is_multiple_of(16) {
-                let ld = strides[0];
-                return Self {
-                    tensor: t,
-                    ptr,
-                    cols,
-                    ld,
-                };
-            }
-        }
-        let (tensor, ld) = padded_copy(t);
-        let ptr = device_ptr(&tensor);
-        Self {
-            tensor,
-            ptr,
-            cols,
-            ld,
-        }
+        // cubecl's CUDA allocations are 512-byte aligned, so the base is 16-byte aligned exactly
+        // when the view's byte offset is: TMA needs both that and 16-byte row strides.
+        let aligned_base = t.handle.offset_start.unwrap_or(0).is_multiple_of(16);
+        let tma_ready = strides[1] == 1
+            && (strides[0] * elem).is_multiple_of(16)
+            && strides[0] >= cols
+            && aligned_base;
+        let (tensor, ld) = if tma_ready {
+            let ld = strides[0];
+            (t, ld)
+        } else {
+            padded_copy(t)
+        };
+        Self { tensor, cols, ld }
     }
 
-    /// A map of rows `[row0, row0 + rows)` of this operand.
-    fn map(&self, row0: usize, rows: usize) -> [u64; 16] {
-        tensor_map(
-            &self.tensor.device,
-            self.tensor.dtype,
-            self.ptr + (row0 * self.ld * self.tensor.dtype.size()) as u64,
-            rows,
-            self.cols,
-            self.ld,
-        )
+    /// A map of rows `[row0, row0 + rows)` of this operand: box 64×64, 128-byte swizzle, zero
+    /// fill out of bounds (the kernels rely on it for every tail), L2 promotion 256 B.
+    fn map(&self, row0: usize, rows: usize) -> TensorMapBinding {
+        let elem = self.tensor.dtype.size();
+        let binding = self
+            .tensor
+            .handle
+            .clone()
+            .offset_start((row0 * self.ld * elem) as u64)
+            .binding();
+        let meta = TensorMapMeta {
+            format: TensorMapFormat::Tiled(TiledArgs::new([64usize, 64].into())),
+            metadata: Metadata::new([rows.max(1), self.cols.max(1)], [self.ld, 1]),
+            elem_stride: [1usize, 1].into(),
+            interleave: TensorMapInterleave::None,
+            swizzle: TensorMapSwizzle::B128,
+            prefetch: TensorMapPrefetch::B256,
+            oob_fill: OobFill::Zero,
+            storage_ty: self.tensor.dtype.into(),
+        };
+        TensorMapBinding::new(binding, meta)
+    }
+
+    /// A map of the first `rows` × `cols` of this operand (a chunk workspace's live part).
+    fn map_window(&self, rows: usize, cols: usize) -> TensorMapBinding {
+        let window = Self {
+            tensor: self.tensor.clone(),
+            cols,
+            ld: self.ld,
+        };
+        window.map(0, rows)
     }
 
     fn binding(&self) -> Binding {
@@ -304,109 +353,6 @@ fn padded_copy(t: CubeTensor<CudaRuntime>) -> (CubeTensor<CudaRuntime>, usize) {
 }
 
 type Ops = burn_cubecl::CubeBackend<CudaRuntime, f32, i32, u8>;
-
-fn device_ptr(t: &CubeTensor<CudaRuntime>) -> u64 {
-    let resource = t
-        .client
-        .get_resource(t.handle.clone())
-        .unwrap_or_else(|err| {
-            panic!("burn-invariant: cubecl buffer has no device resource: {err:?}")
-        });
-    resource.resource().ptr
-}
-
-/// Makes the device's primary context (the one cubecl uses) current on this thread: the
-/// driver wants a context for `cuTensorMapEncodeTiled`, and cubecl keeps its own on its server
-/// thread.
-fn bind_context(device: &CudaDevice) {
-    static CONTEXTS: OnceLock<Mutex<HashMap<usize, std::sync::Arc<cudarc::driver::CudaContext>>>> =
-        OnceLock::new();
-    let mut contexts = CONTEXTS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let context = contexts.entry(device.index).or_insert_with(|| {
-        cudarc::driver::CudaContext::new(device.index).unwrap_or_else(|err| {
-            panic!(
-                "burn-invariant: CUDA primary context of device {}: {err:?}",
-                device.index
-            )
-        })
-    });
-    context
-        .bind_to_thread()
-        .unwrap_or_else(|err| panic!("burn-invariant: binding the CUDA context: {err:?}"));
-}
-
-/// [`encode_tensor_map`], cached: a map is a pure function of its arguments, and encoding
-/// (plus binding the context) is host time that small launches feel.
-fn tensor_map(
-    device: &CudaDevice,
-    dtype: DType,
-    address: u64,
-    rows: usize,
-    cols: usize,
-    ld: usize,
-) -> [u64; 16] {
-    type Key = (usize, DType, u64, usize, usize, usize);
-    static CACHE: OnceLock<Mutex<HashMap<Key, [u64; 16]>>> = OnceLock::new();
-    let key = (device.index, dtype, address, rows, cols, ld);
-    let mut cache = CACHE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(map) = cache.get(&key) {
-        return *map;
-    }
-    if cache.len() >= 1 << 14 {
-        cache.clear();
-    }
-    bind_context(device);
-    let map = encode_tensor_map(dtype, address, rows, cols, ld);
-    cache.insert(key, map);
-    map
-}
-
-/// `cuTensorMapEncodeTiled` for a row-major `[rows, cols]` matrix with row stride `ld`:
-/// box 64×64, 128-byte swizzle, zero fill out of bounds (the kernels rely on it for tails).
-fn encode_tensor_map(dtype: DType, address: u64, rows: usize, cols: usize, ld: usize) -> [u64; 16] {
-    use cudarc::driver::sys::{
-        self, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
-        CUtensorMapL2promotion, CUtensorMapSwizzle,
-    };
-    let data_type = match dtype {
-        DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-    };
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    let dims = [cols.max(1) as u64, rows.max(1) as u64];
-    let strides = [(ld * dtype.size()) as u64];
-    let boxes = [64u32, 64];
-    let element_strides = [1u32, 1];
-    // SAFETY: every pointer refers to a live local array of the documented length.
-    let status = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            data_type,
-            2,
-            address as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            element_strides.as_ptr(),
-            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    assert_eq!(
-        status,
-        sys::cudaError_enum::CUDA_SUCCESS,
-        "cuTensorMapEncodeTiled(rows {rows}, cols {cols}, ld {ld})"
-    );
-    map.opaque
-}
 
 fn empty(
     like: &CubeTensor<CudaRuntime>,
@@ -452,8 +398,8 @@ struct GemmOut<'a> {
 fn gemm_launch(
     layout: Layout,
     dtype: DType,
-    a: (&Operand, [u64; 16]),
-    b: (&Operand, [u64; 16]),
+    a: (&Operand, TensorMapBinding),
+    b: (&Operand, TensorMapBinding),
     [m, n, k]: [usize; 3],
     out: GemmOut<'_>,
 ) {
@@ -474,14 +420,15 @@ fn gemm_launch(
     let groups = m.div_ceil(bm).div_ceil(cluster) * n.div_ceil(bn);
     let grid = cluster * groups.min(sm_count(client) / cluster).max(1);
     let flags = out.flags | if out.bias.is_some() { GEMM_BIAS } else { 0 };
-    let params = Params::new(a.1, b.1)
-        .u32_at(256, m as u32)
-        .u32_at(260, n as u32)
-        .u32_at(264, k as u32)
-        .u32_at(268, flags)
-        .u64_at(272, out.ldc as u64)
-        .u64_at(280, out.c_offset as u64);
+    let params = Params::new()
+        .u32_at(0, m as u32)
+        .u32_at(4, n as u32)
+        .u32_at(8, k as u32)
+        .u32_at(12, flags)
+        .u64_at(16, out.ldc as u64)
+        .u64_at(24, out.c_offset as u64);
     let c = out.c.handle.clone().binding();
+    // The operands are buffers too: cubecl orders only buffer arguments across streams.
     let buffers = vec![
         a.0.binding(),
         b.0.binding(),
@@ -499,6 +446,7 @@ fn gemm_launch(
             smem,
         },
         grid,
+        vec![a.1, b.1],
         buffers,
         params,
     );
@@ -640,25 +588,28 @@ pub(crate) fn linear_logp(
     let flags =
         bias.as_ref().map_or(0, |_| LOGP_HAS_BIAS) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE);
     let params = || {
-        Params::new(h.map(0, n), w.map(0, v))
-            .u32_at(256, n as u32)
-            .u32_at(260, v as u32)
-            .u32_at(264, d as u32)
-            .u32_at(268, flags)
-            .u64_at(272, ignore_index.unwrap_or(0) as u64)
+        Params::new()
+            .u32_at(0, n as u32)
+            .u32_at(4, v as u32)
+            .u32_at(8, d as u32)
+            .u32_at(12, flags)
+            .u64_at(16, ignore_index.unwrap_or(0) as u64)
     };
-    let buffers = || {
+    let outputs = || {
         vec![
-            h.binding(),
-            w.binding(),
-            bias.as_ref()
-                .map_or_else(|| h.binding(), |b| b.handle.clone().binding()),
             targets.handle.clone().binding(),
             logp.handle.clone().binding(),
             lse.handle.clone().binding(),
             workspace.handle.clone().binding(),
         ]
     };
+    let mut buffers = vec![
+        h.binding(),
+        w.binding(),
+        bias.as_ref()
+            .map_or_else(|| h.binding(), |b| b.handle.clone().binding()),
+    ];
+    buffers.extend(outputs());
     let items = n.div_ceil(128).div_ceil(2) * segments;
     let grid = 2 * items.min(sm_count(&client) / 2).max(1);
     let entry = format!("ib_logp_fwd_{}", suffix(dtype));
@@ -671,7 +622,8 @@ pub(crate) fn linear_logp(
             smem: LOGP_SMEM,
         },
         grid,
-        buffers(),
+        vec![h.map(0, n), w.map(0, v)],
+        buffers,
         params(),
     );
     let merge = RawKernel {
@@ -680,7 +632,7 @@ pub(crate) fn linear_logp(
         block: 256,
         smem: 0,
     };
-    launch(&client, merge, n.div_ceil(8), buffers(), params());
+    launch(&client, merge, n.div_ceil(8), vec![], outputs(), params());
     let logp = Ops::float_reshape(logp, Shape::new([n, 1]));
     let lse = Ops::float_reshape(lse, Shape::new([n, 1]));
     Ops::float_cat(vec![logp, lse], 1)
@@ -769,37 +721,29 @@ pub(crate) fn linear_logp_backward(
                 );
             }
             let params = || {
-                Params::new(h.map(t0, tw), w.map(v0, vw))
-                    .u32_at(256, tw as u32)
-                    .u32_at(260, vw as u32)
-                    .u32_at(264, d as u32)
-                    .u32_at(268, flags)
-                    .u64_at(272, ignore_index.unwrap_or(0) as u64)
-                    .u32_at(280, t0 as u32)
-                    .u32_at(284, v0 as u32)
-                    .u32_at(288, VOCAB_CHUNK as u32)
+                Params::new()
+                    .u32_at(0, tw as u32)
+                    .u32_at(4, vw as u32)
+                    .u32_at(8, d as u32)
+                    .u32_at(12, flags)
+                    .u64_at(16, ignore_index.unwrap_or(0) as u64)
+                    .u32_at(24, t0 as u32)
+                    .u32_at(28, v0 as u32)
+                    .u32_at(32, VOCAB_CHUNK as u32)
             };
             let any = h.binding();
-            let buffers = || {
-                vec![
-                    h.binding(),
-                    w.binding(),
-                    bias.as_ref()
-                        .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
-                    targets.handle.clone().binding(),
-                    lse.handle.clone().binding(),
-                    g_logp.handle.clone().binding(),
-                    g_lse.handle.clone().binding(),
-                    dz.binding(),
-                    dbias_part.handle.clone().binding(),
-                    db_acc
-                        .as_ref()
-                        .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
-                    d_bias
-                        .as_ref()
-                        .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
-                ]
-            };
+            let dz_buffers = vec![
+                h.binding(),
+                w.binding(),
+                bias.as_ref()
+                    .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
+                targets.handle.clone().binding(),
+                lse.handle.clone().binding(),
+                g_logp.handle.clone().binding(),
+                g_lse.handle.clone().binding(),
+                dz.binding(),
+                dbias_part.handle.clone().binding(),
+            ];
             let tiles = tw.div_ceil(128).div_ceil(2) * vw.div_ceil(256);
             let entry = format!("ib_logp_bwd_dz_{}", suffix(dtype));
             launch(
@@ -811,7 +755,8 @@ pub(crate) fn linear_logp_backward(
                     smem: LOGP_BWD_SMEM,
                 },
                 2 * tiles.min(sms / 2).max(1),
-                buffers(),
+                vec![h.map(t0, tw), w.map(v0, vw)],
+                dz_buffers,
                 params(),
             );
             if bias.is_some() {
@@ -825,12 +770,21 @@ pub(crate) fn linear_logp_backward(
                         smem: 0,
                     },
                     vw.div_ceil(256),
-                    buffers(),
+                    vec![],
+                    vec![
+                        dbias_part.handle.clone().binding(),
+                        db_acc
+                            .as_ref()
+                            .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
+                        d_bias
+                            .as_ref()
+                            .map_or_else(|| any.clone(), |b| b.handle.clone().binding()),
+                    ],
                     params(),
                 );
             }
             // dz's map covers only the live chunk: tw rows × vw columns.
-            let dz_map = tensor_map(&dz.tensor.device, dtype, dz.ptr, tw, vw, dz.ld);
+            let dz_map = || dz.map_window(tw, vw);
             // dH[t0..t0+tw] (+)= dz · W[v0..v0+vw], reduction over this vocabulary chunk.
             let flags_h = chunk_flags(
                 vi,
@@ -840,7 +794,7 @@ pub(crate) fn linear_logp_backward(
             gemm_launch(
                 Layout::Nn,
                 dtype,
-                (&dz, dz_map),
+                (&dz, dz_map()),
                 (&w, w.map(v0, vw)),
                 [tw, d, vw],
                 GemmOut {
@@ -861,7 +815,7 @@ pub(crate) fn linear_logp_backward(
             gemm_launch(
                 Layout::Tn,
                 dtype,
-                (&dz, dz_map),
+                (&dz, dz_map()),
                 (&h, h.map(t0, tw)),
                 [vw, d, tw],
                 GemmOut {

@@ -2,18 +2,29 @@
 //! NCCL bindings (the same `libnccl` cubecl-cuda loads).
 //!
 //! # Ordering with Burn's compute
-//! cubecl-cuda 0.10 keeps its `CUstream` private, so NCCL cannot be enqueued behind the shard's
-//! compute on that stream. Each exchange therefore (1) waits for *this thread's* cubecl stream
-//! (`client.sync()`, a stream wait, not a device-wide one), (2) runs `ncclAllGather` on the
-//! group's own stream of the same primary context, directly on cubecl's buffers, and (3) polls
-//! that stream until it is done or the group's timeout passes. Nothing is copied through the
-//! host; the wait costs one round-trip per exchange (one in the forward, one in the backward).
+//! cubecl-cuda 0.10 keeps its `CUstream` private, so NCCL cannot be enqueued on it. The tensor
+//! exchange ([`Collective::all_gather`]) is ordered through flag words in device memory instead,
+//! with no host synchronisation (`kernels/stream_sync.cu`):
+//! 1. on the cubecl stream, `ib_signal` publishes the exchange's sequence number once the block
+//!    is written;
+//! 2. the group's NCCL stream waits for it (`cuStreamWaitValue32`), runs `ncclAllGather` from
+//!    the block into a receive buffer the group owns, and publishes the number back
+//!    (`cuStreamWriteValue32`);
+//! 3. on the cubecl stream, `ib_wait` (one warp) holds later work until then, and `ib_copy`
+//!    moves the gathered blocks into a fresh tensor.
+//!
+//! The host only enqueues, so the next leaves are launched while the exchange runs. The host
+//! exchange ([`Collective::all_gather_host`], used by the validation) is synchronous: it
+//! copies through the group's stream and polls it.
 //!
 //! # Failure
-//! A peer that does not arrive within the timeout makes the waiting ranks abort their
+//! A peer that does not arrive within the timeout makes a host exchange abort the
 //! communicator and return [`InvariantError::Collective`]; the group is broken for good after
-//! that (every later call returns the same error). `ncclCommInitRank` is run on a watchdog
-//! thread, so a rank that never joins fails [`NcclGroup::new`] in bounded time too.
+//! that (every later call returns the same error). A tensor exchange cannot return an error
+//! (it has finished enqueueing before the peers arrive): when its device-side wait times out,
+//! `ib_copy` fills the result with NaN, never stale data, and the next call of any kind on the
+//! group returns the error. `ncclCommInitRank` is run on a watchdog thread, so a rank that
+//! never joins fails [`NcclGroup::new`] in bounded time too.
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
@@ -22,6 +33,8 @@ use burn_cubecl::{
     BoolElement, CubeBackend, FloatElement, IntElement, kernel::into_contiguous, tensor::CubeTensor,
 };
 use cubecl::cuda::{CudaDevice, CudaRuntime};
+use cubecl::prelude::ComputeClient;
+use cubecl::server::Handle;
 use cudarc::driver::{CudaContext, CudaStream, sys as driver_sys};
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 
@@ -103,6 +116,88 @@ struct Shared {
     /// `None` once aborted; every later call returns `broken`.
     comm: Mutex<Option<RawComm>>,
     broken: Mutex<Option<InvariantError>>,
+    /// The stream-ordering state, made at the first tensor exchange on the caller's client.
+    ordered: Mutex<Option<Ordered>>,
+}
+
+impl Drop for Shared {
+    /// Tensor exchanges may still be in flight when the last handle goes: let them finish
+    /// (bounded by the timeout) before the communicator is aborted.
+    fn drop(&mut self) {
+        if self.stream.context().bind_to_thread().is_err() {
+            return;
+        }
+        let deadline = Instant::now() + self.timeout;
+        // SAFETY: a valid stream of the bound context.
+        while unsafe { driver_sys::cuStreamQuery(self.stream.cu_stream()) }
+            == driver_sys::CUresult::CUDA_ERROR_NOT_READY
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// Flag words and the receive buffer of the stream-ordered exchange (`kernels/stream_sync.cu`).
+struct Ordered {
+    /// `[compute progress, NCCL progress, timed-out sequence number, unused]`, u32 each, in
+    /// `cuMemAlloc` memory (stream memory operations reject cubecl's pool memory). Never
+    /// freed: kernels on a cubecl stream may still read it after the group is gone.
+    flags_ptr: u64,
+    /// The receive buffer, its address and its size in bytes.
+    recv: Option<(Handle, u64, usize)>,
+    seq: u32,
+}
+
+impl Ordered {
+    /// Needs the group's context bound on this thread.
+    fn new() -> Result<Self, InvariantError> {
+        use cudarc::driver::result::{malloc_sync, memset_d8_sync};
+        let flags_err = |e| collective(format!("allocating the exchange flags: {e:?}"));
+        // SAFETY: a fresh 16-byte allocation, zeroed before any use.
+        let flags_ptr = unsafe {
+            let ptr = malloc_sync(16).map_err(flags_err)?;
+            memset_d8_sync(ptr, 0, 16).map_err(flags_err)?;
+            ptr
+        };
+        Ok(Self {
+            flags_ptr,
+            recv: None,
+            seq: 0,
+        })
+    }
+
+    /// The next sequence number (never 0, the flags' initial value).
+    fn next(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.seq
+    }
+
+    /// A receive buffer of at least `bytes`. A replaced one is only reused by cubecl after
+    /// the `ib_wait` already enqueued behind its last exchange.
+    fn recv(
+        &mut self,
+        client: &ComputeClient<CudaRuntime>,
+        bytes: usize,
+    ) -> Result<(Handle, u64), InvariantError> {
+        match &self.recv {
+            Some((handle, ptr, size)) if *size >= bytes => Ok((handle.clone(), *ptr)),
+            _ => {
+                let handle = client.empty(bytes);
+                let ptr = address(client, &handle)?;
+                self.recv = Some((handle.clone(), ptr, bytes));
+                Ok((handle, ptr))
+            }
+        }
+    }
+}
+
+/// The device address of a cubecl buffer (stable while its handle lives).
+fn address(client: &ComputeClient<CudaRuntime>, handle: &Handle) -> Result<u64, InvariantError> {
+    client
+        .get_resource(handle.clone())
+        .map(|resource| resource.resource().ptr)
+        .map_err(|e| collective(format!("cubecl buffer: {e:?}")))
 }
 
 /// An owned `ncclComm_t`, used by one thread at a time (behind the group's mutex).
@@ -270,6 +365,7 @@ impl NcclGroup {
                 stream,
                 comm: Mutex::new(Some(comm)),
                 broken: Mutex::new(None),
+                ordered: Mutex::new(None),
             }),
         }
     }
@@ -277,6 +373,133 @@ impl NcclGroup {
     /// The GPU of this rank.
     pub fn device(&self) -> &CudaDevice {
         &self.shared.device
+    }
+
+    /// Enqueues the stream-ordered all-gather of `send` (`len` f32) into `out` (module docs).
+    fn enqueue_all_gather(
+        &self,
+        client: &ComputeClient<CudaRuntime>,
+        send: &CubeTensor<CudaRuntime>,
+        out: &CubeTensor<CudaRuntime>,
+        len: usize,
+    ) -> Result<(), InvariantError> {
+        let shared = &self.shared;
+        let mut comm = Self::lock(&shared.comm);
+        if let Some(error) = Self::lock(&shared.broken).clone() {
+            return Err(error);
+        }
+        let Some(raw) = comm.as_ref().map(|c| c.0) else {
+            return Err(collective("the NCCL communicator was aborted".into()));
+        };
+        shared
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| collective(format!("binding the CUDA context: {e:?}")))?;
+        let mut ordered = Self::lock(&shared.ordered);
+        if ordered.is_none() {
+            *ordered = Some(Ordered::new()?);
+        }
+        let state = ordered.as_mut().expect("made above");
+        let words = len * shared.world;
+        let seq = state.next();
+        let (recv, recv_ptr) = state.recv(client, words * 4)?;
+        let flags_ptr = state.flags_ptr;
+        let timeout_ns = shared.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let sync_params = |words: usize| [flags_ptr, seq as u64, timeout_ns, words as u64];
+        crate::cube::launch_stream_sync(client, "ib_signal", [1, 32], vec![], sync_params(0));
+        // The block's memory may be reused once its handle drops, but only by work enqueued
+        // on this cubecl stream, which is behind the `ib_wait` below.
+        let send_ptr = address(client, &send.handle)?;
+        let nccl_stream = shared.stream.cu_stream();
+        // SAFETY: the flag words and both buffers are live device memory of this context
+        // (the group owns `recv` and `flags`; `send` is alive until the exchange is waited
+        // for, see above); the stream belongs to this communicator's device.
+        let enqueued = unsafe {
+            let waited = driver_sys::cuStreamWaitValue32_v2(
+                nccl_stream,
+                flags_ptr,
+                seq,
+                driver_sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            );
+            if waited != driver_sys::CUresult::CUDA_SUCCESS {
+                Err(format!("cuStreamWaitValue32: {waited:?}"))
+            } else if let Err(e) = nccl::all_gather(
+                send_ptr as *const _,
+                recv_ptr as *mut _,
+                len,
+                nccl_sys::ncclDataType_t::ncclFloat32,
+                raw,
+                nccl_stream as _,
+            ) {
+                Err(format!("ncclAllGather: {e:?}"))
+            } else {
+                match driver_sys::cuStreamWriteValue32_v2(
+                    nccl_stream,
+                    flags_ptr + 4,
+                    seq,
+                    driver_sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+                ) {
+                    driver_sys::CUresult::CUDA_SUCCESS => Ok(()),
+                    other => Err(format!("cuStreamWriteValue32: {other:?}")),
+                }
+            }
+        };
+        let failure = enqueued.err().map(|reason| {
+            // Release this exchange's device-side wait with its result marked for NaN.
+            let marks = [seq, seq];
+            // SAFETY: writes 8 bytes into the live flag words 1 and 2.
+            unsafe {
+                driver_sys::cuMemcpyHtoD_v2(flags_ptr + 4, marks.as_ptr().cast(), 8);
+            }
+            format!("rank {}: enqueueing the all-gather: {reason}", shared.rank)
+        });
+        crate::cube::launch_stream_sync(client, "ib_wait", [1, 32], vec![], sync_params(0));
+        let blocks = words.div_ceil(256).min(1 << 16) as u32;
+        crate::cube::launch_stream_sync(
+            client,
+            "ib_copy",
+            [blocks, 256],
+            vec![recv.binding(), out.handle.clone().binding()],
+            sync_params(words),
+        );
+        match failure {
+            Some(reason) => Err(self.fail(&mut comm, collective(reason))),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails (and breaks the group) when a tensor exchange's device-side wait timed out.
+    fn check_device_waits(&self) -> Result<(), InvariantError> {
+        let shared = &self.shared;
+        let Some(flags_ptr) = Self::lock(&shared.ordered).as_ref().map(|o| o.flags_ptr) else {
+            return Ok(());
+        };
+        shared
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| collective(format!("binding the CUDA context: {e:?}")))?;
+        let mut timed_out = 0u32;
+        // SAFETY: reads 4 bytes of the group's live flag buffer into a local.
+        let read = unsafe {
+            driver_sys::cuMemcpyDtoH_v2((&mut timed_out as *mut u32).cast(), flags_ptr + 8, 4)
+        };
+        if read != driver_sys::CUresult::CUDA_SUCCESS {
+            return Err(collective(format!(
+                "rank {}: reading the exchange flags: {read:?}",
+                shared.rank
+            )));
+        }
+        if timed_out == 0 {
+            return Ok(());
+        }
+        let error = collective(format!(
+            "rank {} of {}: tensor exchange {timed_out} was not completed by every rank within \
+             {:?}; its result was set to NaN",
+            shared.rank, shared.world, shared.timeout
+        ));
+        Err(self.fail(&mut Self::lock(&shared.comm), error))
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -454,6 +677,7 @@ impl<B: NcclBackend> Collective<B> for NcclGroup {
             self.all_gather_raw(s, r, words.len(), nccl_sys::ncclDataType_t::ncclUint64)?;
             stream.clone_dtoh(&recv).map_err(copy_err)
         };
+        self.check_device_waits()?;
         let lengths = gather(&[block.len() as u64])?;
         if lengths.iter().any(|&l| l != block.len() as u64) {
             let error = collective(format!(
@@ -486,29 +710,15 @@ impl<B: NcclBackend> Collective<B> for NcclGroup {
             });
         }
         let client = tensor.client.clone();
+        let words = len * shared.world;
         let out = burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
             client.clone(),
             tensor.device.clone(),
-            [len * shared.world].into(),
+            [words].into(),
             DType::F32,
         );
         if len > 0 {
-            let resource = |t: &CubeTensor<CudaRuntime>| {
-                client
-                    .get_resource(t.handle.clone())
-                    .map_err(|e| collective(format!("rank {}: cubecl buffer: {e:?}", shared.rank)))
-            };
-            let (send, recv) = (resource(&tensor)?, resource(&out)?);
-            // The block is written on this thread's cubecl stream: wait for it.
-            cubecl::future::block_on(client.sync())
-                .map_err(|e| collective(format!("rank {}: cubecl sync: {e:?}", shared.rank)))?;
-            self.all_gather_raw(
-                send.resource().ptr,
-                recv.resource().ptr,
-                len,
-                nccl_sys::ncclDataType_t::ncclFloat32,
-            )?;
-            // `send`/`recv` (the buffers' leases) end here, after NCCL is done with them.
+            self.enqueue_all_gather(&client, &tensor, &out, len)?;
         }
         Ok(B::from_cuda(out))
     }
