@@ -538,17 +538,36 @@ fn a_tensor_exchange_without_its_peer_gives_nan_then_an_error() {
     );
 
     // Both ranks exchange, then drop their groups at once: the result is complete and exact.
-    let id = NcclId::new().unwrap();
+    // Host blocks longer than one envelope round-trip too; blocks of different lengths fail
+    // on every rank.
+    let (id, fresh) = (NcclId::new().unwrap(), NcclId::new().unwrap());
     let results = on_ranks(2, move |rank| {
         let device = CudaDevice::new(rank);
+        let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout).expect("join");
+        let long: Vec<u64> = (0..300).map(|i| rank as u64 * 1000 + i).collect();
+        let host = Collective::<B>::all_gather_host(&group, &long).expect("host gather");
+        let mismatched = Collective::<B>::all_gather_host(&group, &long[..5 + rank]).err();
         let gathered = {
-            let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout).expect("join");
+            let group = NcclGroup::with_timeout(&device, rank, 2, &fresh, timeout)
+                .expect("join a fresh group");
             let block = float::<B, 1>(vec![rank as f32 + 0.5; 4], [4], &device, DType::F32);
             Collective::<B>::all_gather(&group, block).expect("enqueued")
         };
-        gathered.into_data().to_vec::<f32>().unwrap()
+        (
+            host,
+            mismatched,
+            gathered.into_data().to_vec::<f32>().unwrap(),
+        )
     });
-    for values in results {
+    let expected: Vec<u64> = (0..2u64)
+        .flat_map(|r| (0..300).map(move |i| r * 1000 + i))
+        .collect();
+    for (host, mismatched, values) in results {
+        assert_eq!(host, expected);
+        assert!(
+            matches!(mismatched, Some(InvariantError::Collective { .. })),
+            "got {mismatched:?}"
+        );
         assert_eq!(values, [0.5, 0.5, 0.5, 0.5, 1.5, 1.5, 1.5, 1.5]);
     }
 }

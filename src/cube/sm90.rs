@@ -542,6 +542,8 @@ fn normalized_targets(
 ) -> (CubeTensor<CudaRuntime>, Option<i64>) {
     use burn::tensor::ops::IntTensorOps;
     let targets = match ignore_index {
+        // Already in the normalized form (the TP leaves' sentinel): nothing to remap.
+        Some(-1) => targets,
         Some(ignore) => {
             let is_ignored =
                 Ops::int_equal_elem(targets.clone(), ignore.into(), burn::tensor::BoolDType::U8);

@@ -168,16 +168,22 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
         )));
     }
     // The owning leaf's (logp, lse), zero elsewhere: exactly one leaf of one rank contributes
-    // per row, so these sums are exact in any order.
-    let mut pick_logp = ctx.f32_full(0.0);
-    let mut pick_lse = ctx.f32_full(0.0);
+    // per row, so these sums are exact in any order (x + 0 = x).
+    let mut pick_logp: Option<Tensor<B, 1>> = None;
+    let mut pick_lse: Option<Tensor<B, 1>> = None;
+    let accumulate = |sum: &mut Option<Tensor<B, 1>>, term: Tensor<B, 1>| {
+        *sum = Some(match sum.take() {
+            Some(sum) => sum + term,
+            None => term,
+        });
+    };
     let mut leaf = |start: usize, end: usize| {
         let (inputs, owned) = ctx.leaf_inputs(start, end);
         let stats: Tensor<B, 2> = wrap(B::invariant_linear_logp(inputs, ctx.implementation));
         let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
         let lse = stats.slice([0..n, 1..2]).reshape([n]);
-        pick_logp = pick_logp.clone() + logp;
-        pick_lse = pick_lse.clone() + lse.clone().mask_fill(owned.bool_not(), 0.0);
+        accumulate(&mut pick_logp, logp);
+        accumulate(&mut pick_lse, lse.clone().mask_fill(owned.bool_not(), 0.0));
         lse
     };
     let identity = || ctx.f32_full(f32::NEG_INFINITY);
@@ -188,8 +194,9 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
         .collect();
     let block = plan.block();
     rows.resize_with(block, || ctx.f32_full(0.0));
-    rows.push(pick_logp);
-    rows.push(pick_lse);
+    // A rank holds at least one leaf (shards are non-empty).
+    rows.push(pick_logp.unwrap_or_else(|| ctx.f32_full(0.0)));
+    rows.push(pick_lse.unwrap_or_else(|| ctx.f32_full(0.0)));
     let world = plan.world();
     let mine: Tensor<B, 2> = Tensor::stack(rows, 0);
     trace.mark("forward leaves");
@@ -210,8 +217,10 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
     if let Some(ignored) = &ctx.ignored {
         logp = logp.mask_fill(ignored.clone(), 0.0);
     }
-    let global_vocab = plan.shards[world - 1].1;
-    logp = logp.mask_fill(ctx.unowned(global_vocab), f32::NAN);
+    if !plan.targets_checked {
+        let global_vocab = plan.shards[world - 1].1;
+        logp = logp.mask_fill(ctx.unowned(global_vocab), f32::NAN);
+    }
     let stats = Tensor::stack::<2>(vec![logp, lse], 1);
     trace.mark("forward combine");
     Ok(raw(stats))
@@ -305,7 +314,11 @@ pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
         let (block, world, d) = (plan.block(), plan.world(), ctx.d);
         let mut rows: Vec<Tensor<B, 2>> = partials.into_iter().flatten().collect();
         rows.resize_with(block, || Tensor::zeros([n, d], (&ctx.device, DType::F32)));
-        let mine: Tensor<B, 3> = Tensor::stack(rows, 0);
+        // A single item (segment-aligned shards, world ≥ 2): a view, not a 4·N·D-byte copy.
+        let mine: Tensor<B, 3> = match <[_; 1]>::try_from(rows) {
+            Ok([row]) => row.unsqueeze_dim(0),
+            Err(rows) => Tensor::stack(rows, 0),
+        };
         trace.mark("backward leaves");
         let all = group
             .all_gather(mine.reshape([block * n * d]))?

@@ -44,6 +44,10 @@ use crate::InvariantError;
 /// How long [`NcclGroup`] waits for the other ranks, by default.
 pub const NCCL_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Words per rank of a host exchange's first (fixed-size) all-gather: the length, then the
+/// block's first words; the validation table fits in one.
+const HOST_ENVELOPE: usize = 128;
+
 /// An NCCL unique id: made once (by rank 0, or by the process that spawns the rank threads)
 /// and handed to every rank. [`NcclId::to_hex`] / [`NcclId::from_hex`] carry it through a file
 /// or an environment variable to other processes.
@@ -585,7 +589,13 @@ impl NcclGroup {
                 ));
                 return Err(self.fail(&mut comm, error));
             }
-            std::thread::sleep(Duration::from_micros(20));
+            // Exchanges usually finish within microseconds: yield first (a sleep costs the
+            // timer slack, ~50 µs), sleep only once the wait is long.
+            if Instant::now() + shared.timeout < deadline + Duration::from_millis(2) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
         }
     }
 }
@@ -678,17 +688,33 @@ impl<B: NcclBackend> Collective<B> for NcclGroup {
             stream.clone_dtoh(&recv).map_err(copy_err)
         };
         self.check_device_waits()?;
-        let lengths = gather(&[block.len() as u64])?;
+        // One fixed-size envelope per rank, `[length, first words]`, so NCCL's counts agree
+        // whatever the blocks are; a longer block sends its remainder in a second exchange.
+        let head = block.len().min(HOST_ENVELOPE - 1);
+        let mut envelope = vec![0u64; HOST_ENVELOPE];
+        envelope[0] = block.len() as u64;
+        envelope[1..=head].copy_from_slice(&block[..head]);
+        let envelopes = gather(&envelope)?;
+        let lengths: Vec<u64> = envelopes.chunks(HOST_ENVELOPE).map(|e| e[0]).collect();
         if lengths.iter().any(|&l| l != block.len() as u64) {
             let error = collective(format!(
                 "host blocks of different lengths across ranks: {lengths:?} words"
             ));
             return Err(self.fail(&mut Self::lock(&shared.comm), error));
         }
-        if block.is_empty() {
-            return Ok(Vec::new());
-        }
-        gather(block)
+        let rest = if block.len() > head {
+            gather(&block[head..])?
+        } else {
+            Vec::new()
+        };
+        let tail = block.len() - head;
+        Ok((0..world)
+            .flat_map(|r| {
+                let first = &envelopes[r * HOST_ENVELOPE + 1..][..head];
+                let last = &rest[r * tail..(r + 1) * tail];
+                first.iter().chain(last).copied()
+            })
+            .collect())
     }
 
     fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, InvariantError> {

@@ -69,6 +69,8 @@ pub struct Plan {
     pub(crate) rank: usize,
     pub(crate) items: Vec<Vec<Item>>,
     pub(crate) root: Source,
+    /// Every target was checked to be in `[0, V_global)` or ignored (no `skip_target_check`).
+    pub(crate) targets_checked: bool,
 }
 
 impl Plan {
@@ -83,6 +85,7 @@ impl Plan {
             rank,
             items,
             root,
+            targets_checked: false,
         }
     }
 
