@@ -27,8 +27,11 @@ __device__ __forceinline__ u64 global_ns() {
   return t;
 }
 
-// Everything before this kernel on its stream has completed when it runs: publish that.
-extern "C" __global__ void __launch_bounds__(32) ib_signal(const __grid_constant__ SyncParams p) {
+// Everything before this kernel on its stream has completed when it runs: publish that. `send` and `recv`
+// (the exchange's buffers) are not touched; they are arguments so that cubecl, which orders buffer arguments
+// across its streams, makes this stream wait for other streams' last use of them.
+extern "C" __global__ void __launch_bounds__(32) ib_signal(const void* send, const void* recv,
+                                                           const __grid_constant__ SyncParams p) {
   if (threadIdx.x == 0) {
     __threadfence_system();
     atomicExch(&p.flags[0], p.seq);

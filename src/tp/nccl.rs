@@ -411,7 +411,8 @@ impl NcclGroup {
         let flags_ptr = state.flags_ptr;
         let timeout_ns = shared.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let sync_params = |words: usize| [flags_ptr, seq as u64, timeout_ns, words as u64];
-        crate::cube::launch_stream_sync(client, "ib_signal", [1, 32], vec![], sync_params(0));
+        let order = vec![send.handle.clone().binding(), recv.clone().binding()];
+        crate::cube::launch_stream_sync(client, "ib_signal", [1, 32], order, sync_params(0));
         // The block's memory may be reused once its handle drops, but only by work enqueued
         // on this cubecl stream, which is behind the `ib_wait` below.
         let send_ptr = address(client, &send.handle)?;
