@@ -13,7 +13,9 @@
 //! 3. on the cubecl stream, `ib_wait` (one warp) holds later work until then, and `ib_copy`
 //!    moves the gathered blocks into a fresh tensor.
 //!
-//! The host only enqueues, so the next leaves are launched while the exchange runs. The host
+//! The host only enqueues, so the next leaves are launched while the exchange runs. The group
+//! keeps its receive buffer (as large as its largest exchange: `world · N · D · 4` bytes for the
+//! backward) until it is dropped. The host
 //! exchange ([`Collective::all_gather_host`], used by the validation) is synchronous: it
 //! copies through the group's stream and polls it.
 //!
