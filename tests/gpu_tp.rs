@@ -11,11 +11,12 @@ use std::panic::catch_unwind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burn::tensor::{DType, Tensor};
+use burn::tensor::DType;
+use burn_invariant::InvariantError;
 use burn_invariant::tp::{self, InProcessGroup, NcclGroup, NcclId, VocabShard};
-use burn_invariant::{InvariantError, LinearLogpOptions};
 use common::ranks::{self, bits_of};
-use common::{Rng, assert_bits_eq, float, ints};
+use common::tp_problem::{Problem, RankOut, problem, rank_run, single_rank};
+use common::{assert_bits_eq, float, ints};
 use cubecl::cuda::CudaDevice;
 use serial_test::serial;
 
@@ -26,7 +27,6 @@ type FusedAD = burn::backend::Autodiff<
 >;
 
 const WATCHDOG: Duration = Duration::from_secs(300);
-const IGNORE: i64 = -100;
 
 /// Visible GPUs; 0 (with a notice) when there is no driver and none is required.
 fn gpus() -> usize {
@@ -52,103 +52,6 @@ fn on_ranks<T: Send + 'static>(
     f: impl Fn(usize) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
     ranks::on_ranks(vec![(); world], WATCHDOG, move |rank, ()| f(rank))
-}
-
-#[derive(Clone)]
-struct Problem {
-    n: usize,
-    d: usize,
-    v: usize,
-    dtype: DType,
-    hidden: Vec<f32>,
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
-    targets: Vec<i64>,
-    g_logp: Vec<f32>,
-    g_lse: Vec<f32>,
-    options: LinearLogpOptions,
-}
-
-fn problem([n, d, v]: [usize; 3], dtype: DType, with_bias: bool, seed: u64) -> Problem {
-    let mut rng = Rng::new(seed);
-    let scale = 3.0 / (d as f32).sqrt();
-    let targets = (0..n)
-        .map(|i| {
-            if i % 5 == 4 {
-                IGNORE
-            } else {
-                rng.below(v) as i64
-            }
-        })
-        .collect();
-    Problem {
-        n,
-        d,
-        v,
-        dtype,
-        hidden: rng.vec(n * d, 1.0),
-        weight: rng.vec(v * d, scale),
-        bias: with_bias.then(|| rng.vec(v, 1.0)),
-        targets,
-        g_logp: rng.vec(n, 1.0),
-        g_lse: rng.vec(n, 1.0),
-        options: LinearLogpOptions::default().with_ignore_index(IGNORE),
-    }
-}
-
-#[derive(Debug, Clone)]
-struct RankOut {
-    logp: Vec<f32>,
-    lse: Vec<f32>,
-    hidden: Vec<f32>,
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
-}
-
-fn host<const D: usize, Bk: burn::tensor::backend::Backend>(t: Tensor<Bk, D>) -> Vec<f32> {
-    t.cast(DType::F32).into_data().to_vec().unwrap()
-}
-
-/// Forward and backward of `Σ g_logp·logp + g_lse·lse` on one rank.
-fn rank_run<A, G>(p: &Problem, device: &A::Device, shard: VocabShard, group: &G) -> RankOut
-where
-    A: burn::tensor::backend::AutodiffBackend + burn_invariant::InvariantBackend,
-    G: tp::Collective<A> + Clone + 'static,
-{
-    let rows = shard.range();
-    let hidden = float::<A, 2>(p.hidden.clone(), [p.n, p.d], device, p.dtype).require_grad();
-    let weight = float::<A, 2>(
-        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
-        [shard.len(), p.d],
-        device,
-        p.dtype,
-    )
-    .require_grad();
-    let bias = p.bias.as_ref().map(|b| {
-        float::<A, 1>(b[rows.clone()].to_vec(), [shard.len()], device, p.dtype).require_grad()
-    });
-    let (logp, lse) = tp::linear_logp_with_lse(
-        hidden.clone(),
-        weight.clone(),
-        ints::<A>(p.targets.clone(), device),
-        bias.clone(),
-        &shard,
-        group,
-        &p.options,
-    )
-    .expect("tp::linear_logp_with_lse");
-    let g_logp = float::<A, 1>(p.g_logp.clone(), [p.n], device, DType::F32);
-    let g_lse = float::<A, 1>(p.g_lse.clone(), [p.n], device, DType::F32);
-    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
-        .sum()
-        .backward();
-    RankOut {
-        logp: host(logp.inner()),
-        lse: host(lse.inner()),
-        hidden: host(hidden.grad(&grads).expect("hidden grad")),
-        weight: host(weight.grad(&grads).expect("weight grad")),
-        bias: bias.map(|b| host(b.grad(&grads).expect("bias grad"))),
-    }
 }
 
 /// TP over `shards` (one GPU each), NCCL groups joined through one id (the multi-process path,
@@ -209,7 +112,7 @@ fn nccl_tp_is_bitwise_invariant_across_world_sizes() {
         ([37, 136, 50021], DType::BF16, true, 11),
         ([29, 72, 4100], DType::F32, false, 12),
     ] {
-        let p = problem(shape, dtype, with_bias, seed);
+        let p = problem(shape, dtype, with_bias, Some(5), seed);
         let reference = run_nccl(&p, &split(1, p.v));
         for world in [2, 4].into_iter().filter(|&w| w <= gpus) {
             let outs = run_nccl(&p, &split(world, p.v));
@@ -252,7 +155,7 @@ fn nccl_group_equals_in_process_group_on_cuda() {
         return;
     }
     let world = gpus.min(2);
-    let p = Arc::new(problem([23, 64, 3001], DType::BF16, true, 21));
+    let p = Arc::new(problem([23, 64, 3001], DType::BF16, true, Some(5), 21));
     let shards = split(world, p.v);
     let devices: Vec<_> = (0..world).map(CudaDevice::new).collect();
     let nccl_groups = NcclGroup::for_devices(&devices).expect("ncclCommInitAll");
@@ -283,7 +186,7 @@ fn nccl_tp_runs_under_fusion() {
         return;
     }
     let world = gpus.min(2);
-    let p = Arc::new(problem([19, 40, 2111], DType::F32, true, 31));
+    let p = Arc::new(problem([19, 40, 2111], DType::F32, true, Some(5), 31));
     let shards = split(world, p.v);
     let devices: Vec<_> = (0..world).map(CudaDevice::new).collect();
     let groups = NcclGroup::for_devices(&devices).expect("ncclCommInitAll");
@@ -320,35 +223,8 @@ fn nccl_tp_matches_the_single_rank_api() {
     if gpus == 0 {
         return;
     }
-    let p = problem([41, 96, 7001], DType::BF16, true, 41);
-    let device = CudaDevice::new(0);
-    let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype).require_grad();
-    let weight = float::<AD, 2>(p.weight.clone(), [p.v, p.d], &device, p.dtype).require_grad();
-    let (logp, lse) = burn_invariant::linear_logp_with_lse(
-        hidden.clone(),
-        weight,
-        ints::<AD>(p.targets.clone(), &device),
-        Some(float::<AD, 1>(
-            p.bias.clone().unwrap(),
-            [p.v],
-            &device,
-            p.dtype,
-        )),
-        &p.options,
-    )
-    .expect("single-rank linear_logp");
-    let g_logp = float::<AD, 1>(p.g_logp.clone(), [p.n], &device, DType::F32);
-    let g_lse = float::<AD, 1>(p.g_lse.clone(), [p.n], &device, DType::F32);
-    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
-        .sum()
-        .backward();
-    let single = RankOut {
-        logp: host(logp.inner()),
-        lse: host(lse.inner()),
-        hidden: host(hidden.grad(&grads).unwrap()),
-        weight: vec![],
-        bias: None,
-    };
+    let p = problem([41, 96, 7001], DType::BF16, true, Some(5), 41);
+    let single = single_rank::<AD>(&p, &CudaDevice::new(0));
     let mut layouts = vec![split(gpus.min(2), p.v)];
     if gpus >= 3 {
         layouts.push(split(3, p.v));
@@ -387,7 +263,7 @@ fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
         return;
     }
     let world = 2;
-    let p = Arc::new(problem([16, 32, 1000], DType::BF16, false, 51));
+    let p = Arc::new(problem([16, 32, 1000], DType::BF16, false, Some(5), 51));
     let devices: Vec<_> = (0..world).map(CudaDevice::new).collect();
     let groups = NcclGroup::for_devices(&devices).expect("ncclCommInitAll");
     let errors = on_ranks(world, move |rank| {
@@ -463,7 +339,7 @@ fn a_missing_rank_fails_in_bounded_time() {
     );
 
     let id = NcclId::new().unwrap();
-    let p = Arc::new(problem([8, 16, 512], DType::F32, false, 61));
+    let p = Arc::new(problem([8, 16, 512], DType::F32, false, Some(5), 61));
     let results = on_ranks(2, move |rank| {
         let device = CudaDevice::new(rank);
         let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout).expect("join");

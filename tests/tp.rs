@@ -7,10 +7,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use burn::tensor::{DType, Tensor};
+use burn::tensor::DType;
 use burn_invariant::tp::{self, InProcessGroup, VocabShard, segment_bounds};
 use burn_invariant::{InvariantError, LinearLogpOptions};
 use common::ranks::{self, bits_of};
+use common::tp_problem::{IGNORE, Problem, RankOut, host, problem, rank_run, single_rank};
 use common::{Rng, assert_bits_eq, float, ints};
 
 type B = burn::backend::NdArray<f32>;
@@ -18,7 +19,6 @@ type AD = burn::backend::Autodiff<B>;
 
 /// Per-test watchdog: a rank that hangs fails the test instead of blocking CI.
 const WATCHDOG: Duration = Duration::from_secs(120);
-const IGNORE: i64 = -100;
 
 fn on_ranks<T: Send + 'static>(
     groups: Vec<InProcessGroup>,
@@ -27,114 +27,11 @@ fn on_ranks<T: Send + 'static>(
     ranks::on_ranks(groups, WATCHDOG, f)
 }
 
-/// Host data of one problem; every rank builds its tensors from it.
-#[derive(Clone)]
-struct Problem {
-    n: usize,
-    d: usize,
-    v: usize,
-    hidden: Vec<f32>,
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
-    targets: Vec<i64>,
-    g_logp: Vec<f32>,
-    g_lse: Vec<f32>,
-    options: LinearLogpOptions,
-}
-
-fn problem(
-    [n, d, v]: [usize; 3],
-    with_bias: bool,
-    ignore_every: Option<usize>,
-    seed: u64,
-) -> Problem {
-    let mut rng = Rng::new(seed);
-    let scale = 3.0 / (d as f32).sqrt();
-    let targets = (0..n)
-        .map(|i| match ignore_every {
-            Some(every) if i % every == every - 1 => IGNORE,
-            _ => rng.below(v) as i64,
-        })
-        .collect();
-    Problem {
-        n,
-        d,
-        v,
-        hidden: rng.vec(n * d, 1.0),
-        weight: rng.vec(v * d, scale),
-        bias: with_bias.then(|| rng.vec(v, 1.0)),
-        targets,
-        g_logp: rng.vec(n, 1.0),
-        g_lse: rng.vec(n, 1.0),
-        options: LinearLogpOptions {
-            ignore_index: ignore_every.map(|_| IGNORE),
-            ..Default::default()
-        },
-    }
-}
-
-/// One rank's results, as host values.
-#[derive(Debug, Clone)]
-struct RankOut {
-    logp: Vec<f32>,
-    lse: Vec<f32>,
-    hidden: Vec<f32>,
-    weight: Vec<f32>,
-    bias: Option<Vec<f32>>,
-}
-
-fn host(t: Tensor<B, 1>) -> Vec<f32> {
-    t.into_data().to_vec().unwrap()
-}
-
-fn host2(t: Tensor<B, 2>) -> Vec<f32> {
-    t.into_data().to_vec().unwrap()
-}
-
-/// Forward and backward of `Σ g_logp·logp + g_lse·lse` on one rank, under `Autodiff`.
-fn rank_run(p: &Problem, shard: VocabShard, group: &InProcessGroup) -> RankOut {
-    let device = Default::default();
-    let rows = shard.range();
-    let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32).require_grad();
-    let weight = float::<AD, 2>(
-        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
-        [shard.len(), p.d],
-        &device,
-        DType::F32,
-    )
-    .require_grad();
-    let bias = p.bias.as_ref().map(|b| {
-        float::<AD, 1>(b[rows.clone()].to_vec(), [shard.len()], &device, DType::F32).require_grad()
-    });
-    let (logp, lse) = tp::linear_logp_with_lse(
-        hidden.clone(),
-        weight.clone(),
-        ints::<AD>(p.targets.clone(), &device),
-        bias.clone(),
-        &shard,
-        group,
-        &p.options,
-    )
-    .expect("tp::linear_logp_with_lse");
-    let g_logp = float::<AD, 1>(p.g_logp.clone(), [p.n], &device, DType::F32);
-    let g_lse = float::<AD, 1>(p.g_lse.clone(), [p.n], &device, DType::F32);
-    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
-        .sum()
-        .backward();
-    RankOut {
-        logp: host(logp.inner()),
-        lse: host(lse.inner()),
-        hidden: host2(hidden.grad(&grads).expect("hidden grad")),
-        weight: host2(weight.grad(&grads).expect("weight grad")),
-        bias: bias.map(|b| host(b.grad(&grads).expect("bias grad"))),
-    }
-}
-
 fn run_tp(p: &Problem, shards: &[VocabShard]) -> Vec<RankOut> {
     let p = Arc::new(p.clone());
     let shards = shards.to_vec();
     on_ranks(InProcessGroup::new(shards.len()), move |rank, group| {
-        rank_run(&p, shards[rank], &group)
+        rank_run::<AD, _>(&p, &Default::default(), shards[rank], &group)
     })
 }
 
@@ -194,7 +91,7 @@ fn segment_aligned_tp_is_bitwise_invariant_across_world_sizes() {
         ([9, 16, 2100], false, None, 2),
         ([7, 33, 2048], true, Some(3), 3),
     ] {
-        let p = problem(shape, with_bias, ignore_every, seed);
+        let p = problem(shape, DType::F32, with_bias, ignore_every, seed);
         let bounds = segment_bounds(p.v);
         let reference = run_tp(&p, &split(1, p.v));
         for world in [2, 4, 8] {
@@ -241,37 +138,6 @@ fn segment_aligned_tp_is_bitwise_invariant_across_world_sizes() {
     }
 }
 
-/// The single-rank API's results for the same problem.
-fn single_rank(p: &Problem) -> RankOut {
-    let device = Default::default();
-    let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32).require_grad();
-    let weight = float::<AD, 2>(p.weight.clone(), [p.v, p.d], &device, DType::F32).require_grad();
-    let bias = p
-        .bias
-        .as_ref()
-        .map(|b| float::<AD, 1>(b.clone(), [p.v], &device, DType::F32).require_grad());
-    let (logp, lse) = burn_invariant::linear_logp_with_lse(
-        hidden.clone(),
-        weight.clone(),
-        ints::<AD>(p.targets.clone(), &device),
-        bias.clone(),
-        &p.options,
-    )
-    .expect("linear_logp_with_lse");
-    let g_logp = float::<AD, 1>(p.g_logp.clone(), [p.n], &device, DType::F32);
-    let g_lse = float::<AD, 1>(p.g_lse.clone(), [p.n], &device, DType::F32);
-    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
-        .sum()
-        .backward();
-    RankOut {
-        logp: host(logp.inner()),
-        lse: host(lse.inner()),
-        hidden: host2(hidden.grad(&grads).unwrap()),
-        weight: host2(weight.grad(&grads).unwrap()),
-        bias: bias.map(|b| host(b.grad(&grads).unwrap())),
-    }
-}
-
 fn assert_close(what: &str, got: &[f32], expected: &[f32], atol: f32, rtol: f32) {
     assert_eq!(got.len(), expected.len(), "{what}: length");
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
@@ -310,8 +176,8 @@ fn assert_matches_single_rank(what: &str, outs: &[RankOut], single: &RankOut) {
 
 #[test]
 fn matches_the_single_rank_api_for_1_2_3_4_ranks_and_uneven_shards() {
-    let p = problem([11, 20, 600], true, Some(5), 7);
-    let single = single_rank(&p);
+    let p = problem([11, 20, 600], DType::F32, true, Some(5), 7);
+    let single = single_rank::<AD>(&p, &Default::default());
     let layouts: Vec<(&str, Vec<VocabShard>)> = vec![
         ("world 1", split(1, p.v)),
         ("world 2 aligned", split(2, p.v)),
@@ -326,8 +192,8 @@ fn matches_the_single_rank_api_for_1_2_3_4_ranks_and_uneven_shards() {
         assert_matches_single_rank(what, &outs, &single);
     }
     // Without bias or ignore index, on a tile-aligned vocabulary.
-    let p = problem([6, 16, 2300], false, None, 8);
-    let single = single_rank(&p);
+    let p = problem([6, 16, 2300], DType::F32, false, None, 8);
+    let single = single_rank::<AD>(&p, &Default::default());
     for (what, shards) in [
         ("V=2300 world 2", split(2, p.v)),
         ("V=2300 world 3", split(3, p.v)),
@@ -339,7 +205,7 @@ fn matches_the_single_rank_api_for_1_2_3_4_ranks_and_uneven_shards() {
 
 #[test]
 fn uneven_shards_are_run_to_run_deterministic() {
-    let p = problem([9, 12, 500], true, Some(3), 11);
+    let p = problem([9, 12, 500], DType::F32, true, Some(3), 11);
     let shards = cuts(p.v, &[130, 131, 377]);
     let (a, b) = (run_tp(&p, &shards), run_tp(&p, &shards));
     for (x, y) in a.iter().zip(&b) {
@@ -352,7 +218,7 @@ fn uneven_shards_are_run_to_run_deterministic() {
 
 #[test]
 fn plain_backend_forward_equals_autodiff_forward() {
-    let p = Arc::new(problem([10, 16, 600], true, Some(4), 12));
+    let p = Arc::new(problem([10, 16, 600], DType::F32, true, Some(4), 12));
     let shards = split(2, p.v);
     let ad = run_tp(&p, &shards);
     let q = p.clone();
@@ -394,7 +260,7 @@ fn plain_backend_forward_equals_autodiff_forward() {
 
 #[test]
 fn ignored_rows_have_zero_logp_and_unchecked_bad_targets_give_nan() {
-    let mut p = problem([8, 8, 64], false, Some(4), 13);
+    let mut p = problem([8, 8, 64], DType::F32, false, Some(4), 13);
     p.targets[2] = 64; // out of range: only reachable with skip_target_check
     p.options.skip_target_check = true;
     let p = Arc::new(p);
@@ -432,7 +298,7 @@ fn ignored_rows_have_zero_logp_and_unchecked_bad_targets_give_nan() {
 
 #[test]
 fn empty_batch_returns_empty_on_every_rank() {
-    let p = Arc::new(problem([0, 8, 64], true, None, 14));
+    let p = Arc::new(problem([0, 8, 64], DType::F32, true, None, 14));
     let outs = on_ranks(InProcessGroup::new(2), move |rank, group| {
         let device = Default::default();
         let s = VocabShard::split(rank, 2, p.v);
@@ -455,7 +321,7 @@ fn empty_batch_returns_empty_on_every_rank() {
         .unwrap();
         let dims = (logp.dims(), lse.dims());
         let grads = (logp.sum() + lse.sum()).backward();
-        let dweight = weight.grad(&grads).map(host2);
+        let dweight = weight.grad(&grads).map(host);
         (dims, dweight)
     });
     for (dims, dweight) in outs {
@@ -700,7 +566,7 @@ fn targets_must_agree_and_be_owned_by_some_rank() {
 
 #[test]
 fn a_rank_that_never_arrives_fails_the_others_in_bounded_time() {
-    let p = Arc::new(problem([4, 8, 64], false, None, 15));
+    let p = Arc::new(problem([4, 8, 64], DType::F32, false, None, 15));
     let mut groups = InProcessGroup::with_timeout(3, Duration::from_millis(300));
     let absent = groups.pop().unwrap();
     let start = Instant::now();

@@ -149,18 +149,15 @@ impl CubeTask<CudaCompiler> for RawKernel {
         _mode: ExecutionMode,
         _address_type: StorageType,
     ) -> Result<CompiledKernel<CudaCompiler>, CompilationError> {
+        let selected = |unit: &str| {
+            format!(
+                "#define IB_SELECT\n#define IB_ENTRY_{}\n{COMMON}\n{unit}",
+                self.entry
+            )
+        };
         let source = match self.unit {
-            Unit::Gemm | Unit::Logp => {
-                let unit = if self.unit == Unit::Gemm {
-                    GEMM_UNIT
-                } else {
-                    LOGP_UNIT
-                };
-                format!(
-                    "#define IB_SELECT\n#define IB_ENTRY_{}\n{COMMON}\n{unit}",
-                    self.entry
-                )
-            }
+            Unit::Gemm => selected(GEMM_UNIT),
+            Unit::Logp => selected(LOGP_UNIT),
             Unit::StreamSync => STREAM_SYNC_UNIT.to_string(),
         };
         let cube_dim = CubeDim::new_1d(self.block);
@@ -288,9 +285,15 @@ impl Operand {
         Self { tensor, cols, ld }
     }
 
-    /// A map of rows `[row0, row0 + rows)` of this operand: box 64×64, 128-byte swizzle, zero
-    /// fill out of bounds (the kernels rely on it for every tail), L2 promotion 256 B.
+    /// A map of rows `[row0, row0 + rows)` of this operand.
     fn map(&self, row0: usize, rows: usize) -> TensorMapBinding {
+        self.map_columns(row0, rows, self.cols)
+    }
+
+    /// A map of the first `cols` columns of rows `[row0, row0 + rows)`: box 64×64, 128-byte
+    /// swizzle, zero fill out of bounds (the kernels rely on it for every tail), L2 promotion
+    /// 256 B.
+    fn map_columns(&self, row0: usize, rows: usize, cols: usize) -> TensorMapBinding {
         let elem = self.tensor.dtype.size();
         let binding = self
             .tensor
@@ -300,7 +303,7 @@ impl Operand {
             .binding();
         let meta = TensorMapMeta {
             format: TensorMapFormat::Tiled(TiledArgs::new([64usize, 64].into())),
-            metadata: Metadata::new([rows.max(1), self.cols.max(1)], [self.ld, 1]),
+            metadata: Metadata::new([rows.max(1), cols.max(1)], [self.ld, 1]),
             elem_stride: [1usize, 1].into(),
             interleave: TensorMapInterleave::None,
             swizzle: TensorMapSwizzle::B128,
@@ -309,16 +312,6 @@ impl Operand {
             storage_ty: self.tensor.dtype.into(),
         };
         TensorMapBinding::new(binding, meta)
-    }
-
-    /// A map of the first `rows` × `cols` of this operand (a chunk workspace's live part).
-    fn map_window(&self, rows: usize, cols: usize) -> TensorMapBinding {
-        let window = Self {
-            tensor: self.tensor.clone(),
-            cols,
-            ld: self.ld,
-        };
-        window.map(0, rows)
     }
 
     fn binding(&self) -> Binding {
@@ -786,7 +779,7 @@ pub(crate) fn linear_logp_backward(
                 );
             }
             // dz's map covers only the live chunk: tw rows × vw columns.
-            let dz_map = || dz.map_window(tw, vw);
+            let dz_map = || dz.map_columns(0, tw, vw);
             // dH[t0..t0+tw] (+)= dz · W[v0..v0+vw], reduction over this vocabulary chunk.
             let flags_h = chunk_flags(
                 vi,

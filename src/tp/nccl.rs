@@ -390,23 +390,12 @@ impl NcclGroup {
         len: usize,
     ) -> Result<(), InvariantError> {
         let shared = &self.shared;
-        let mut comm = Self::lock(&shared.comm);
-        if let Some(error) = Self::lock(&shared.broken).clone() {
-            return Err(error);
-        }
-        let Some(raw) = comm.as_ref().map(|c| c.0) else {
-            return Err(collective("the NCCL communicator was aborted".into()));
-        };
-        shared
-            .stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| collective(format!("binding the CUDA context: {e:?}")))?;
+        let (mut comm, raw) = self.live_comm()?;
         let mut ordered = Self::lock(&shared.ordered);
-        if ordered.is_none() {
-            *ordered = Some(Ordered::new()?);
-        }
-        let state = ordered.as_mut().expect("made above");
+        let state = match &mut *ordered {
+            Some(state) => state,
+            empty => empty.insert(Ordered::new()?),
+        };
         let words = len * shared.world;
         let seq = state.next();
         let (recv, recv_ptr) = state.recv(client, words * 4)?;
@@ -482,11 +471,7 @@ impl NcclGroup {
         let Some(flags_ptr) = Self::lock(&shared.ordered).as_ref().map(|o| o.flags_ptr) else {
             return Ok(());
         };
-        shared
-            .stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| collective(format!("binding the CUDA context: {e:?}")))?;
+        self.bind_context()?;
         let mut timed_out = 0u32;
         // SAFETY: reads 4 bytes of the group's live flag buffer into a local.
         let read = unsafe {
@@ -507,6 +492,30 @@ impl NcclGroup {
             shared.rank, shared.world, shared.timeout
         ));
         Err(self.fail(&mut Self::lock(&shared.comm), error))
+    }
+
+    /// The communicator, locked for one call, with the group's context bound on this thread;
+    /// the group's error once it is broken.
+    fn live_comm(
+        &self,
+    ) -> Result<(MutexGuard<'_, Option<RawComm>>, nccl_sys::ncclComm_t), InvariantError> {
+        let comm = Self::lock(&self.shared.comm);
+        if let Some(error) = Self::lock(&self.shared.broken).clone() {
+            return Err(error);
+        }
+        let Some(raw) = comm.as_ref().map(|c| c.0) else {
+            return Err(collective("the NCCL communicator was aborted".into()));
+        };
+        self.bind_context()?;
+        Ok((comm, raw))
+    }
+
+    fn bind_context(&self) -> Result<(), InvariantError> {
+        self.shared
+            .stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| collective(format!("binding the CUDA context: {e:?}")))
     }
 
     fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -530,18 +539,7 @@ impl NcclGroup {
         dtype: nccl_sys::ncclDataType_t,
     ) -> Result<(), InvariantError> {
         let shared = &self.shared;
-        let mut comm = Self::lock(&shared.comm);
-        if let Some(error) = Self::lock(&shared.broken).clone() {
-            return Err(error);
-        }
-        let Some(raw) = comm.as_ref().map(|c| c.0) else {
-            return Err(collective("the NCCL communicator was aborted".into()));
-        };
-        shared
-            .stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| collective(format!("binding the CUDA context: {e:?}")))?;
+        let (mut comm, raw) = self.live_comm()?;
         // SAFETY: `send`/`recv` are live device buffers of `count` and `world · count`
         // elements on this communicator's device; the caller keeps them alive until we return.
         let enqueued = unsafe {

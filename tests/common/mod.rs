@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod ranks;
+pub mod tp_problem;
 
 use burn::tensor::{
     DType, Int, Tensor, TensorData,

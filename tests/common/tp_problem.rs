@@ -1,0 +1,140 @@
+//! The shared problem of the tensor-parallel tests (CPU and NCCL): host data every rank builds
+//! its tensors from, and one forward + backward through `tp` or the single-rank API.
+use burn::tensor::{DType, Int, Tensor, backend::AutodiffBackend};
+use burn_invariant::tp::{self, VocabShard};
+use burn_invariant::{InvariantBackend, LinearLogpOptions};
+
+use super::{Rng, float, ints};
+
+pub const IGNORE: i64 = -100;
+
+#[derive(Clone)]
+pub struct Problem {
+    pub n: usize,
+    pub d: usize,
+    pub v: usize,
+    pub dtype: DType,
+    pub hidden: Vec<f32>,
+    pub weight: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+    pub targets: Vec<i64>,
+    pub g_logp: Vec<f32>,
+    pub g_lse: Vec<f32>,
+    pub options: LinearLogpOptions,
+}
+
+/// Random data; with `ignore_every = Some(k)` every k-th target is [`IGNORE`].
+pub fn problem(
+    [n, d, v]: [usize; 3],
+    dtype: DType,
+    with_bias: bool,
+    ignore_every: Option<usize>,
+    seed: u64,
+) -> Problem {
+    let mut rng = Rng::new(seed);
+    let scale = 3.0 / (d as f32).sqrt();
+    let targets = (0..n)
+        .map(|i| match ignore_every {
+            Some(every) if i % every == every - 1 => IGNORE,
+            _ => rng.below(v) as i64,
+        })
+        .collect();
+    Problem {
+        n,
+        d,
+        v,
+        dtype,
+        hidden: rng.vec(n * d, 1.0),
+        weight: rng.vec(v * d, scale),
+        bias: with_bias.then(|| rng.vec(v, 1.0)),
+        targets,
+        g_logp: rng.vec(n, 1.0),
+        g_lse: rng.vec(n, 1.0),
+        options: LinearLogpOptions {
+            ignore_index: ignore_every.map(|_| IGNORE),
+            ..Default::default()
+        },
+    }
+}
+
+/// One run's results, as host f32 values.
+#[derive(Debug, Clone)]
+pub struct RankOut {
+    pub logp: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub hidden: Vec<f32>,
+    pub weight: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+}
+
+pub fn host<const D: usize, B: burn::tensor::backend::Backend>(t: Tensor<B, D>) -> Vec<f32> {
+    t.cast(DType::F32).into_data().to_vec().unwrap()
+}
+
+/// Forward and backward of `Σ g_logp·logp + g_lse·lse` with `op` (hidden, weight, targets,
+/// bias → logp, lse) on weight rows `rows`.
+fn run<A>(
+    p: &Problem,
+    device: &A::Device,
+    rows: core::ops::Range<usize>,
+    op: impl FnOnce(
+        Tensor<A, 2>,
+        Tensor<A, 2>,
+        Tensor<A, 1, Int>,
+        Option<Tensor<A, 1>>,
+    ) -> (Tensor<A, 1>, Tensor<A, 1>),
+) -> RankOut
+where
+    A: AutodiffBackend + InvariantBackend,
+{
+    let len = rows.len();
+    let hidden = float::<A, 2>(p.hidden.clone(), [p.n, p.d], device, p.dtype).require_grad();
+    let weight = float::<A, 2>(
+        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
+        [len, p.d],
+        device,
+        p.dtype,
+    )
+    .require_grad();
+    let bias = p
+        .bias
+        .as_ref()
+        .map(|b| float::<A, 1>(b[rows].to_vec(), [len], device, p.dtype).require_grad());
+    let targets = ints::<A>(p.targets.clone(), device);
+    let (logp, lse) = op(hidden.clone(), weight.clone(), targets, bias.clone());
+    let g_logp = float::<A, 1>(p.g_logp.clone(), [p.n], device, DType::F32);
+    let g_lse = float::<A, 1>(p.g_lse.clone(), [p.n], device, DType::F32);
+    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
+        .sum()
+        .backward();
+    RankOut {
+        logp: host(logp.inner()),
+        lse: host(lse.inner()),
+        hidden: host(hidden.grad(&grads).expect("hidden grad")),
+        weight: host(weight.grad(&grads).expect("weight grad")),
+        bias: bias.map(|b| host(b.grad(&grads).expect("bias grad"))),
+    }
+}
+
+/// One rank of `tp::linear_logp_with_lse` on `shard`.
+pub fn rank_run<A, G>(p: &Problem, device: &A::Device, shard: VocabShard, group: &G) -> RankOut
+where
+    A: AutodiffBackend + InvariantBackend,
+    G: tp::Collective<A> + Clone + 'static,
+{
+    run::<A>(p, device, shard.range(), |hidden, weight, targets, bias| {
+        tp::linear_logp_with_lse(hidden, weight, targets, bias, &shard, group, &p.options)
+            .expect("tp::linear_logp_with_lse")
+    })
+}
+
+/// The single-rank `linear_logp_with_lse` on the whole head.
+pub fn single_rank<A>(p: &Problem, device: &A::Device) -> RankOut
+where
+    A: AutodiffBackend + InvariantBackend,
+{
+    run::<A>(p, device, 0..p.v, |hidden, weight, targets, bias| {
+        burn_invariant::linear_logp_with_lse(hidden, weight, targets, bias, &p.options)
+            .expect("linear_logp_with_lse")
+    })
+}
