@@ -4,6 +4,8 @@
 //! rows (M / N tokens), the device's core count or an autotuner: that is what makes the results
 //! row-invariant and run-to-run deterministic.
 
+use crate::gemm::CmmaTile;
+
 /// FMA GEMM: rows of the output block owned by one cube.
 pub const FMA_BM: usize = 64;
 /// FMA GEMM: columns of the output block owned by one cube.
@@ -17,16 +19,22 @@ pub const FMA_THREADS: usize = 16;
 /// FMA GEMM: micro-tile edge per unit (`FMA_BM / FMA_THREADS`).
 pub const FMA_MICRO: usize = 4;
 
-/// CMMA GEMM: block rows / columns per cube (4 planes in a 2×2 arrangement, each 32×32).
-pub const CMMA_BM: usize = 64;
-/// CMMA GEMM: block columns per cube.
-pub const CMMA_BN: usize = 64;
-/// CMMA GEMM: K extent of one shared-memory stage (two 16-deep MMA steps).
-pub const CMMA_BK: usize = 32;
+/// CMMA GEMM: the pinned tiling: 128×128 output block per cube, 8 planes in a 2×4 arrangement
+/// (each owns 64×32 = 4×2 fragments), K staged 32 deep (two MMA steps per stage).
+pub const CMMA_TILE: CmmaTile = CmmaTile {
+    bm: 128,
+    bn: 128,
+    bk: 32,
+    pm: 2,
+    pn: 4,
+};
 /// CMMA GEMM: the pinned fragment shape m×n×k (f16/bf16 inputs, f32 accumulator).
 pub const CMMA_FRAG: usize = 16;
-/// CMMA GEMM: planes (warps) per cube.
-pub const CMMA_PLANES: usize = 4;
+/// CMMA GEMM: elements of padding after each staged row (against shared-memory bank conflicts;
+/// keeps rows 16-byte aligned).
+pub const CMMA_PAD: usize = 8;
+/// CMMA GEMM: widest global load, in elements (16 bytes of f16 / bf16).
+pub const CMMA_VECTOR: usize = 8;
 
 /// `col_sum`: columns owned by one cube (one unit per column, rows walked sequentially).
 pub const COL_SUM_BLOCK: usize = 256;

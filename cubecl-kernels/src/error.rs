@@ -62,4 +62,8 @@ pub enum KernelError {
         value: u64,
         limit: u64,
     },
+    /// The requested kernel variant cannot run here (wrong dtype for the path, or a tiling the
+    /// device cannot hold).
+    #[error("{what}: not supported here: {reason}")]
+    Unsupported { what: &'static str, reason: String },
 }

@@ -135,6 +135,76 @@ fn strided_layouts<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     );
 }
 
+/// Every staging orientation and global load width gives the same bits: dense, transposed and
+/// row-padded operands (the cmma kernel stages each in its own orientation, with 8-wide loads where
+/// dense and aligned, scalar loads otherwise), on a shape that spans several blocks and is not a
+/// multiple of any tile.
+fn layouts_and_load_widths<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
+    let (m, k, n) = (200usize, 136usize, 264usize);
+    let a = rand_vec(41, m * k, dt);
+    let b = rand_vec(42, k * n, dt);
+    let bias = rand_vec(43, n, dt);
+    let bias_buf = upload(client, &bias, &[n], dt);
+    let out_of = |lhs: &Buf<R>, rhs: &Buf<R>| {
+        let out = alloc_dense(client, &[m, n], dt);
+        matmul(
+            client,
+            lhs.b(),
+            rhs.b(),
+            Some(bias_buf.b()),
+            out.b(),
+            dt.storage(),
+        )
+        .expect("matmul");
+        read_2d(client, &out, dt, m, n)
+    };
+    let lhs = [
+        ("dense", upload(client, &a, &[m, k], dt)),
+        ("transposed", upload_transposed_view(client, &a, m, k, dt)),
+        ("row-padded", upload_row_padded(client, &a, m, k, k + 3, dt)),
+    ];
+    let rhs = [
+        ("dense", upload(client, &b, &[k, n], dt)),
+        ("transposed", upload_transposed_view(client, &b, k, n, dt)),
+        ("row-padded", upload_row_padded(client, &b, k, n, n + 3, dt)),
+    ];
+    let want = out_of(&lhs[0].1, &rhs[0].1);
+    let (exact, mag) = gemm_f64(&a, &b, Some(&bias), m, k, n);
+    assert_close(&format!("{dt:?} layouts"), &want, &exact, &mag, dt, k);
+    for (ln, l) in &lhs {
+        for (rn, r) in &rhs {
+            assert_eq!(
+                bits(&out_of(l, r)),
+                bits(&want),
+                "{dt:?} lhs {ln} x rhs {rn} vs dense x dense"
+            );
+        }
+    }
+    // A row alone vs in the batch, on the wide-load path.
+    for &i in &[0usize, 127, 128, 199] {
+        let row = upload(client, &a[i * k..(i + 1) * k], &[1, k], dt);
+        let out = alloc_dense(client, &[1, n], dt);
+        matmul(
+            client,
+            row.b(),
+            rhs[1].1.b(),
+            Some(bias_buf.b()),
+            out.b(),
+            dt.storage(),
+        )
+        .unwrap();
+        assert_eq!(
+            bits(&read_2d(client, &out, dt, 1, n)),
+            bits(&want[i * n..(i + 1) * n]),
+            "{dt:?} row {i} alone vs in batch"
+        );
+    }
+    eprintln!(
+        "[{}] gemm {dt:?} 9 layout pairs and load widths bitwise equal, rows alone: PASS",
+        runtime_name(client)
+    );
+}
+
 /// f32 FMA path vs the CPU `f32::mul_add` chain, bit for bit. Asserted where the runtime is known
 /// to emit a fused multiply-add (CUDA); on wgpu the mismatch count is recorded.
 fn fma_vs_cpu<R: Runtime>(client: &ComputeClient<R>) {
@@ -345,6 +415,7 @@ fn suite<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
         correctness(client, dt);
         row_invariance(client, dt);
         strided_layouts(client, dt);
+        layouts_and_load_widths(client, dt);
         row_reduction(client, dt);
         col_sum_check(client, dt);
     }

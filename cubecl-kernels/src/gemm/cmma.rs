@@ -1,24 +1,143 @@
 //! The cooperative-matrix (tensor core) GEMM for f16 / bf16 inputs.
 //!
-//! Pinned shape: a 64×64 output block per cube, 4 planes in a 2×2 arrangement (each plane owns a
-//! 32×32 sub-block = 2×2 fragments of 16×16×16), K staged through shared memory in 32-deep stages
-//! (two MMA steps each), walked in one fixed ascending order. Accumulators are f32. Operands are
-//! converted to the fragment dtype when staged (they are already in it); positions outside
-//! [M)×[K) / [K)×[N) are staged as zeros, which only ever meet other zeros or in-range values of
-//! the same output element, so the padding depends on K and N, never on M. The result is staged
-//! through shared memory, the bias is added in f32, and the value is rounded once to the output
-//! dtype.
+//! Tiling ([`CmmaTile`], pinned in [`crate::consts::CMMA_TILE`]): an output block per cube, split
+//! among planes that each own whole 16×16×16 fragments; K staged through shared memory in
+//! fixed-depth stages of 16-deep MMA steps, walked in one ascending order. Accumulators are f32.
+//!
+//! Pipelining: the shared-memory stages are double-buffered and the next stage's global loads are
+//! issued into registers before the current stage's MMAs, so global latency overlaps the tensor
+//! cores with one cube barrier per stage. Each operand is staged in its own memory orientation
+//! (the contiguous dimension stays contiguous in shared memory, rows padded by 8 elements against
+//! bank conflicts) and the fragments are loaded row- or column-major to match. Global loads use
+//! `VA` / `VB`-element vectors where the host found the operand contiguous and aligned, else
+//! scalars; the vector width only changes how bytes travel, never the arithmetic.
+//!
+//! Positions outside [M)×[K) / [K)×[N) are staged as zeros, which only ever meet other zeros or
+//! in-range values of the same output element, so the padding depends on K and N, never on M. The
+//! epilogue passes each fragment through a per-plane f32 scratch, adds the bias in f32 and rounds
+//! once to the output dtype.
 
-use crate::consts::{CMMA_BK, CMMA_BM, CMMA_BN, CMMA_FRAG};
+use crate::consts::{CMMA_FRAG, CMMA_PAD};
 use crate::gemm::fma::Operand;
 use cubecl::prelude::*;
 
+/// The cube's tiling: output block `bm × bn`, K stage depth `bk`, planes `pm × pn` (plane-major
+/// along N). Every tiling computes each output element with the same sequence of 16-deep MMA
+/// steps in ascending K, so all tilings give the same bits; one is pinned for [`crate::matmul`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CmmaTile {
+    /// Output rows per cube.
+    pub bm: usize,
+    /// Output columns per cube.
+    pub bn: usize,
+    /// K depth of one shared-memory stage.
+    pub bk: usize,
+    /// Planes along M.
+    pub pm: usize,
+    /// Planes along N.
+    pub pn: usize,
+}
+
+impl CmmaTile {
+    /// Planes per cube.
+    pub fn planes(&self) -> usize {
+        self.pm * self.pn
+    }
+
+    /// Whether the tiling is well formed: every plane owns whole 16×16 fragments, the stage is
+    /// whole MMA steps, and each unit moves a whole number of vectors.
+    pub fn is_valid(&self, plane_size: usize) -> bool {
+        let threads = plane_size * self.planes();
+        let f = CMMA_FRAG;
+        self.pm > 0
+            && self.pn > 0
+            && self.bm.is_multiple_of(self.pm * f)
+            && self.bn.is_multiple_of(self.pn * f)
+            && self.bk.is_multiple_of(f)
+            && (self.bm * self.bk).is_multiple_of(threads * crate::consts::CMMA_VECTOR)
+            && (self.bn * self.bk).is_multiple_of(threads * crate::consts::CMMA_VECTOR)
+            && (f * f).is_multiple_of(plane_size)
+    }
+
+    /// Shared memory the kernel uses, in bytes, for `elem_size`-byte operands.
+    pub fn shared_bytes(&self, elem_size: usize) -> usize {
+        let a = 2 * stage_len(self.bm, self.bk).max(stage_len(self.bk, self.bm));
+        let b = 2 * stage_len(self.bk, self.bn).max(stage_len(self.bn, self.bk));
+        (a + b) * elem_size + self.planes() * CMMA_FRAG * CMMA_FRAG * 4
+    }
+}
+
+/// Elements of one shared stage of an operand tile `outer × inner` (inner contiguous, padded).
+const fn stage_len(outer: usize, inner: usize) -> usize {
+    outer * (inner + CMMA_PAD)
+}
+
+/// Global → registers: this unit's vectors of the `outer × inner` tile at (`outer0`, `inner0`).
+/// Elements outside (`outer_ext`, `inner_ext`) read as zero. With vectors wider than one element,
+/// `si == 1` and `inner_ext`, the offset and `so` are multiples of the width (host-checked), so a
+/// vector is either wholly inside or wholly outside.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fetch_tile<F: Float, N: Size>(
+    src: &Tensor<Vector<F, N>>,
+    regs: &mut Array<Vector<F, N>>,
+    off: usize,
+    so: usize,
+    si: usize,
+    outer0: usize,
+    outer_ext: usize,
+    inner0: usize,
+    inner_ext: usize,
+    tid: usize,
+    #[comptime] outer: usize,
+    #[comptime] inner: usize,
+    #[comptime] threads: usize,
+) {
+    let width = src.vector_size().comptime();
+    let per_row = comptime!(inner / width);
+    let count = comptime!(outer * inner / width / threads);
+    #[unroll]
+    for e in 0..count {
+        let v = tid + e * threads;
+        let o = outer0 + v / per_row;
+        let i = inner0 + (v % per_row) * width;
+        let mut val = Vector::<F, N>::new(F::new(0.0));
+        if o < outer_ext && i < inner_ext {
+            val = src[(off + o * so + i * si) / width];
+        }
+        regs[e] = val;
+    }
+}
+
+/// Registers → one shared stage (`base` in vectors), same unit-to-vector mapping as
+/// [`fetch_tile`].
+#[cube]
+fn stash_tile<F: Float, N: Size>(
+    regs: &Array<Vector<F, N>>,
+    smem: &mut SharedMemory<Vector<F, N>>,
+    base: usize,
+    tid: usize,
+    #[comptime] outer: usize,
+    #[comptime] inner: usize,
+    #[comptime] threads: usize,
+) {
+    let width = N::value().comptime();
+    let per_row = comptime!(inner / width);
+    let pitch = comptime!((inner + CMMA_PAD) / width);
+    let count = comptime!(outer * inner / width / threads);
+    #[unroll]
+    for e in 0..count {
+        let v = tid + e * threads;
+        smem[base + (v / per_row) * pitch + v % per_row] = regs[e];
+    }
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_cmma_kernel<F: Float>(
-    lhs: &Tensor<F>,
+pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
+    lhs: &Tensor<Vector<F, VA>>,
     lo: Operand,
-    rhs: &Tensor<F>,
+    rhs: &Tensor<Vector<F, VB>>,
     ro: Operand,
     bias: &Tensor<F>,
     bias_off: u32,
@@ -29,198 +148,343 @@ pub(crate) fn gemm_cmma_kernel<F: Float>(
     k: u32,
     n: u32,
     #[comptime] has_bias: bool,
+    #[comptime] a_kfast: bool,
+    #[comptime] b_nfast: bool,
+    #[comptime] threads: usize,
+    #[comptime] tile: CmmaTile,
     #[define(F)] _dtype: StorageType,
 ) {
+    let bm = comptime!(tile.bm);
+    let bn = comptime!(tile.bn);
+    let bk = comptime!(tile.bk);
+    let plane_m = comptime!(tile.bm / tile.pm);
+    let plane_n = comptime!(tile.bn / tile.pn);
+    let frags_m = comptime!(plane_m / CMMA_FRAG);
+    let frags_n = comptime!(plane_n / CMMA_FRAG);
     let m = m as usize;
     let k = k as usize;
     let n = n as usize;
-    let row0 = CUBE_POS_X as usize * CMMA_BM;
-    let col0 = CUBE_POS_Y as usize * CMMA_BN;
+    let row0 = CUBE_POS_X as usize * bm;
+    let col0 = CUBE_POS_Y as usize * bn;
     let plane = UNIT_POS_Y as usize;
     let tid = UNIT_POS as usize;
-    let nthreads = (CUBE_DIM_X * CUBE_DIM_Y) as usize;
-    let pr = plane / 2;
-    let pc = plane % 2;
+    let prow = (plane / comptime!(tile.pn)) * plane_m;
+    let pcol = (plane % comptime!(tile.pn)) * plane_n;
+    let va = VA::value().comptime();
+    let vb = VB::value().comptime();
 
-    let la_off = lo.offset as usize;
-    let la_s0 = lo.s0 as usize;
-    let la_s1 = lo.s1 as usize;
-    let lb_off = ro.offset as usize;
-    let lb_s0 = ro.s0 as usize;
-    let lb_s1 = ro.s1 as usize;
-    let a_kfast = la_s1 <= la_s0;
-    let b_nfast = lb_s1 <= lb_s0;
+    // Operand tiles in their own orientation: (outer, inner) with inner contiguous.
+    let (a_outer, a_inner) = comptime!(if a_kfast { (bm, bk) } else { (bk, bm) });
+    let (b_outer, b_inner) = comptime!(if b_nfast { (bk, bn) } else { (bn, bk) });
+    let a_pitch = comptime!(a_inner + CMMA_PAD);
+    let b_pitch = comptime!(b_inner + CMMA_PAD);
+    let a_stage = comptime!(stage_len(a_outer, a_inner) / va);
+    let b_stage = comptime!(stage_len(b_outer, b_inner) / vb);
+    let a_layout = comptime!(if a_kfast {
+        cmma::MatrixLayout::RowMajor
+    } else {
+        cmma::MatrixLayout::ColMajor
+    });
+    let b_layout = comptime!(if b_nfast {
+        cmma::MatrixLayout::RowMajor
+    } else {
+        cmma::MatrixLayout::ColMajor
+    });
 
-    let mut a_s = SharedMemory::<F>::new_aligned(CMMA_BM * CMMA_BK, 64usize);
-    let mut b_s = SharedMemory::<F>::new_aligned(CMMA_BK * CMMA_BN, 64usize);
-    let mut c_s = SharedMemory::<f32>::new_aligned(CMMA_BM * CMMA_BN, 64usize);
+    let mut a_s = SharedMemory::<Vector<F, VA>>::new_aligned(comptime!(2 * a_stage), 16usize);
+    let mut b_s = SharedMemory::<Vector<F, VB>>::new_aligned(comptime!(2 * b_stage), 16usize);
+    let mut c_s = SharedMemory::<f32>::new_aligned(
+        comptime!(tile.pm * tile.pn * CMMA_FRAG * CMMA_FRAG),
+        16usize,
+    );
+    let mut a_regs = Array::<Vector<F, VA>>::new(comptime!(a_outer * a_inner / va / threads));
+    let mut b_regs = Array::<Vector<F, VB>>::new(comptime!(b_outer * b_inner / vb / threads));
 
-    let c00 = cmma::Matrix::<f32>::from_value(
-        cmma::MatrixIdent::Accumulator,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        cmma::MatrixLayout::Undefined,
-        0.0,
-    );
-    let c01 = cmma::Matrix::<f32>::from_value(
-        cmma::MatrixIdent::Accumulator,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        cmma::MatrixLayout::Undefined,
-        0.0,
-    );
-    let c10 = cmma::Matrix::<f32>::from_value(
-        cmma::MatrixIdent::Accumulator,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        cmma::MatrixLayout::Undefined,
-        0.0,
-    );
-    let c11 = cmma::Matrix::<f32>::from_value(
-        cmma::MatrixIdent::Accumulator,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        CMMA_FRAG,
-        cmma::MatrixLayout::Undefined,
-        0.0,
-    );
-    let a0 = unsafe {
-        cmma::Matrix::<F>::uninitialized(
-            cmma::MatrixIdent::A,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            cmma::MatrixLayout::RowMajor,
-        )
+    // Global coordinates of the operand tiles: (outer origin, outer extent, inner origin, inner
+    // extent, outer stride, inner stride); the K origin moves with the stage.
+    let (a_so, a_si) = if comptime![a_kfast] {
+        (lo.s0 as usize, lo.s1 as usize)
+    } else {
+        (lo.s1 as usize, lo.s0 as usize)
     };
-    let a1 = unsafe {
-        cmma::Matrix::<F>::uninitialized(
-            cmma::MatrixIdent::A,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            cmma::MatrixLayout::RowMajor,
-        )
-    };
-    let b0 = unsafe {
-        cmma::Matrix::<F>::uninitialized(
-            cmma::MatrixIdent::B,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            cmma::MatrixLayout::RowMajor,
-        )
-    };
-    let b1 = unsafe {
-        cmma::Matrix::<F>::uninitialized(
-            cmma::MatrixIdent::B,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            cmma::MatrixLayout::RowMajor,
-        )
+    let (b_so, b_si) = if comptime![b_nfast] {
+        (ro.s0 as usize, ro.s1 as usize)
+    } else {
+        (ro.s1 as usize, ro.s0 as usize)
     };
 
-    let per_a = (CMMA_BM * CMMA_BK) / nthreads;
-    let per_b = (CMMA_BK * CMMA_BN) / nthreads;
-    let num_stages = k.div_ceil(CMMA_BK);
+    let mut accs = Sequence::<cmma::Matrix<f32>>::new();
+    #[unroll]
+    for _ in 0..comptime!(frags_m * frags_n) {
+        accs.push(cmma::Matrix::<f32>::from_value(
+            cmma::MatrixIdent::Accumulator,
+            CMMA_FRAG,
+            CMMA_FRAG,
+            CMMA_FRAG,
+            cmma::MatrixLayout::Undefined,
+            0.0,
+        ));
+    }
+    let mut a_frags = Sequence::<cmma::Matrix<F>>::new();
+    #[unroll]
+    for _ in 0..frags_m {
+        a_frags.push(unsafe {
+            cmma::Matrix::<F>::uninitialized(
+                cmma::MatrixIdent::A,
+                CMMA_FRAG,
+                CMMA_FRAG,
+                CMMA_FRAG,
+                a_layout,
+            )
+        });
+    }
+    let mut b_frags = Sequence::<cmma::Matrix<F>>::new();
+    #[unroll]
+    for _ in 0..frags_n {
+        b_frags.push(unsafe {
+            cmma::Matrix::<F>::uninitialized(
+                cmma::MatrixIdent::B,
+                CMMA_FRAG,
+                CMMA_FRAG,
+                CMMA_FRAG,
+                b_layout,
+            )
+        });
+    }
+
+    let num_stages = k.div_ceil(bk);
+    // Prologue: stage 0 into buffer 0.
+    fetch_a::<F, VA>(
+        lhs,
+        &mut a_regs,
+        lo.offset as usize,
+        a_so,
+        a_si,
+        row0,
+        m,
+        0,
+        k,
+        tid,
+        a_kfast,
+        threads,
+        tile,
+    );
+    fetch_b::<F, VB>(
+        rhs,
+        &mut b_regs,
+        ro.offset as usize,
+        b_so,
+        b_si,
+        col0,
+        n,
+        0,
+        k,
+        tid,
+        b_nfast,
+        threads,
+        tile,
+    );
+    stash_tile::<F, VA>(&a_regs, &mut a_s, 0, tid, a_outer, a_inner, threads);
+    stash_tile::<F, VB>(&b_regs, &mut b_s, 0, tid, b_outer, b_inner, threads);
+    sync_cube();
+
     for stage in 0..num_stages {
-        let k0 = stage * CMMA_BK;
-        for e in 0..per_a {
-            let idx = tid + e * nthreads;
-            let r = select(a_kfast, idx / CMMA_BK, idx % CMMA_BM);
-            let kk = select(a_kfast, idx % CMMA_BK, idx / CMMA_BM);
-            let row = row0 + r;
-            let kg = k0 + kk;
-            let mut v = F::new(0.0);
-            if row < m && kg < k {
-                v = lhs[la_off + row * la_s0 + kg * la_s1];
-            }
-            a_s[r * CMMA_BK + kk] = v;
+        let cur = stage % 2;
+        let has_next = stage + 1 < num_stages;
+        if has_next {
+            let k_next = (stage + 1) * bk;
+            fetch_a::<F, VA>(
+                lhs,
+                &mut a_regs,
+                lo.offset as usize,
+                a_so,
+                a_si,
+                row0,
+                m,
+                k_next,
+                k,
+                tid,
+                a_kfast,
+                threads,
+                tile,
+            );
+            fetch_b::<F, VB>(
+                rhs,
+                &mut b_regs,
+                ro.offset as usize,
+                b_so,
+                b_si,
+                col0,
+                n,
+                k_next,
+                k,
+                tid,
+                b_nfast,
+                threads,
+                tile,
+            );
         }
-        for e in 0..per_b {
-            let idx = tid + e * nthreads;
-            let kk = select(b_nfast, idx / CMMA_BN, idx % CMMA_BK);
-            let c = select(b_nfast, idx % CMMA_BN, idx / CMMA_BK);
-            let col = col0 + c;
-            let kg = k0 + kk;
-            let mut v = F::new(0.0);
-            if col < n && kg < k {
-                v = rhs[lb_off + kg * lb_s0 + col * lb_s1];
-            }
-            b_s[kk * CMMA_BN + c] = v;
-        }
-        sync_cube();
+        let a_base = cur * a_stage;
+        let b_base = cur * b_stage;
         #[unroll]
-        for s in 0..(CMMA_BK / CMMA_FRAG) {
-            let a_base = (pr * 32) * CMMA_BK + s * CMMA_FRAG;
-            let a_len = (CMMA_FRAG - 1) * CMMA_BK + CMMA_FRAG;
-            cmma::load(&a0, &a_s.slice(a_base, a_base + a_len), CMMA_BK as u32);
-            let a_base1 = a_base + CMMA_FRAG * CMMA_BK;
-            cmma::load(&a1, &a_s.slice(a_base1, a_base1 + a_len), CMMA_BK as u32);
-            let b_base = (s * CMMA_FRAG) * CMMA_BN + pc * 32;
-            let b_len = (CMMA_FRAG - 1) * CMMA_BN + CMMA_FRAG;
-            cmma::load(&b0, &b_s.slice(b_base, b_base + b_len), CMMA_BN as u32);
-            let b_base1 = b_base + CMMA_FRAG;
-            cmma::load(&b1, &b_s.slice(b_base1, b_base1 + b_len), CMMA_BN as u32);
-            cmma::execute::<F, F, f32, f32>(&a0, &b0, &c00, &c00);
-            cmma::execute::<F, F, f32, f32>(&a0, &b1, &c01, &c01);
-            cmma::execute::<F, F, f32, f32>(&a1, &b0, &c10, &c10);
-            cmma::execute::<F, F, f32, f32>(&a1, &b1, &c11, &c11);
+        for s in 0..comptime!(bk / CMMA_FRAG) {
+            let kk = s * CMMA_FRAG;
+            #[unroll]
+            for i in 0..frags_m {
+                let r = prow + i * CMMA_FRAG;
+                // Element offset of fragment (r, kk) in the stage, then in vectors.
+                let e = if comptime![a_kfast] {
+                    r * a_pitch + kk
+                } else {
+                    kk * a_pitch + r
+                };
+                let start = a_base + e / va;
+                let len = comptime!(((CMMA_FRAG - 1) * a_pitch + CMMA_FRAG) / va);
+                cmma::load(
+                    a_frags.index(i),
+                    &a_s.slice(start, start + len),
+                    a_pitch as u32,
+                );
+            }
+            #[unroll]
+            for j in 0..frags_n {
+                let c = pcol + j * CMMA_FRAG;
+                let e = if comptime![b_nfast] {
+                    kk * b_pitch + c
+                } else {
+                    c * b_pitch + kk
+                };
+                let start = b_base + e / vb;
+                let len = comptime!(((CMMA_FRAG - 1) * b_pitch + CMMA_FRAG) / vb);
+                cmma::load(
+                    b_frags.index(j),
+                    &b_s.slice(start, start + len),
+                    b_pitch as u32,
+                );
+            }
+            #[unroll]
+            for i in 0..frags_m {
+                #[unroll]
+                for j in 0..frags_n {
+                    let acc = accs.index(comptime!(i * frags_n + j));
+                    cmma::execute::<F, F, f32, f32>(a_frags.index(i), b_frags.index(j), acc, acc);
+                }
+            }
+        }
+        if has_next {
+            let nxt = 1 - cur;
+            stash_tile::<F, VA>(
+                &a_regs,
+                &mut a_s,
+                nxt * a_stage,
+                tid,
+                a_outer,
+                a_inner,
+                threads,
+            );
+            stash_tile::<F, VB>(
+                &b_regs,
+                &mut b_s,
+                nxt * b_stage,
+                tid,
+                b_outer,
+                b_inner,
+                threads,
+            );
         }
         sync_cube();
     }
 
-    let c_base = (pr * 32) * CMMA_BN + pc * 32;
-    let c_len = (CMMA_FRAG - 1) * CMMA_BN + CMMA_FRAG;
-    cmma::store(
-        &mut c_s.slice_mut(c_base, c_base + c_len),
-        &c00,
-        CMMA_BN as u32,
-        cmma::MatrixLayout::RowMajor,
-    );
-    let c_base01 = c_base + CMMA_FRAG;
-    cmma::store(
-        &mut c_s.slice_mut(c_base01, c_base01 + c_len),
-        &c01,
-        CMMA_BN as u32,
-        cmma::MatrixLayout::RowMajor,
-    );
-    let c_base10 = c_base + CMMA_FRAG * CMMA_BN;
-    cmma::store(
-        &mut c_s.slice_mut(c_base10, c_base10 + c_len),
-        &c10,
-        CMMA_BN as u32,
-        cmma::MatrixLayout::RowMajor,
-    );
-    let c_base11 = c_base10 + CMMA_FRAG;
-    cmma::store(
-        &mut c_s.slice_mut(c_base11, c_base11 + c_len),
-        &c11,
-        CMMA_BN as u32,
-        cmma::MatrixLayout::RowMajor,
-    );
-    sync_cube();
-
+    // Epilogue, one fragment at a time through this plane's 16×16 f32 scratch.
     let o_off = oo.offset as usize;
     let o_s0 = oo.s0 as usize;
     let o_s1 = oo.s1 as usize;
-    let per_c = (CMMA_BM * CMMA_BN) / nthreads;
-    for e in 0..per_c {
-        let idx = tid + e * nthreads;
-        let r = idx / CMMA_BN;
-        let c = idx % CMMA_BN;
-        let row = row0 + r;
-        let col = col0 + c;
-        if row < m && col < n {
-            let mut v = c_s[idx];
-            if comptime![has_bias] {
-                v += f32::cast_from(bias[bias_off as usize + col * bias_stride as usize]);
+    let lane = UNIT_POS_X as usize;
+    let plane_dim = CUBE_DIM_X as usize;
+    let scratch = plane * CMMA_FRAG * CMMA_FRAG;
+    let per_lane = comptime!(CMMA_FRAG * CMMA_FRAG) / plane_dim;
+    #[unroll]
+    for i in 0..frags_m {
+        #[unroll]
+        for j in 0..frags_n {
+            cmma::store(
+                &mut c_s.slice_mut(scratch, scratch + CMMA_FRAG * CMMA_FRAG),
+                accs.index(comptime!(i * frags_n + j)),
+                CMMA_FRAG as u32,
+                cmma::MatrixLayout::RowMajor,
+            );
+            sync_cube();
+            for e in 0..per_lane {
+                let idx = e * plane_dim + lane;
+                let row = row0 + prow + i * CMMA_FRAG + idx / CMMA_FRAG;
+                let col = col0 + pcol + j * CMMA_FRAG + idx % CMMA_FRAG;
+                if row < m && col < n {
+                    let mut v = c_s[scratch + idx];
+                    if comptime![has_bias] {
+                        v += f32::cast_from(bias[bias_off as usize + col * bias_stride as usize]);
+                    }
+                    out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
+                }
             }
-            out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
+            sync_cube();
         }
+    }
+}
+
+/// [`fetch_tile`] for the lhs stage at K origin `k0`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fetch_a<F: Float, N: Size>(
+    lhs: &Tensor<Vector<F, N>>,
+    regs: &mut Array<Vector<F, N>>,
+    off: usize,
+    so: usize,
+    si: usize,
+    row0: usize,
+    m: usize,
+    k0: usize,
+    k: usize,
+    tid: usize,
+    #[comptime] a_kfast: bool,
+    #[comptime] threads: usize,
+    #[comptime] tile: CmmaTile,
+) {
+    if comptime![a_kfast] {
+        fetch_tile::<F, N>(
+            lhs, regs, off, so, si, row0, m, k0, k, tid, tile.bm, tile.bk, threads,
+        );
+    } else {
+        fetch_tile::<F, N>(
+            lhs, regs, off, so, si, k0, k, row0, m, tid, tile.bk, tile.bm, threads,
+        );
+    }
+}
+
+/// [`fetch_tile`] for the rhs stage at K origin `k0`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fetch_b<F: Float, N: Size>(
+    rhs: &Tensor<Vector<F, N>>,
+    regs: &mut Array<Vector<F, N>>,
+    off: usize,
+    so: usize,
+    si: usize,
+    col0: usize,
+    n: usize,
+    k0: usize,
+    k: usize,
+    tid: usize,
+    #[comptime] b_nfast: bool,
+    #[comptime] threads: usize,
+    #[comptime] tile: CmmaTile,
+) {
+    if comptime![b_nfast] {
+        fetch_tile::<F, N>(
+            rhs, regs, off, so, si, k0, k, col0, n, tid, tile.bk, tile.bn, threads,
+        );
+    } else {
+        fetch_tile::<F, N>(
+            rhs, regs, off, so, si, col0, n, k0, k, tid, tile.bn, tile.bk, threads,
+        );
     }
 }

@@ -1,11 +1,12 @@
 //! Deterministic, row-invariant GEMM, row-reduction GEMM and column sums.
 
 pub(crate) mod cmma;
+pub use cmma::CmmaTile;
 pub(crate) mod col_sum;
 pub(crate) mod fma;
 
 use crate::consts::{
-    CMMA_BK, CMMA_BM, CMMA_BN, CMMA_FRAG, CMMA_PLANES, COL_SUM_BLOCK, FMA_BM, FMA_BN, FMA_THREADS,
+    CMMA_FRAG, CMMA_TILE, CMMA_VECTOR, COL_SUM_BLOCK, FMA_BM, FMA_BN, FMA_THREADS,
 };
 use crate::error::KernelError;
 use crate::util::{
@@ -89,7 +90,9 @@ pub fn cmma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType)
     client.features().matmul.cmma.contains(&cfg)
         && hw.plane_size_min == hw.plane_size_max
         && (plane == 32 || plane == 64)
-        && (plane as usize * CMMA_PLANES) <= hw.max_units_per_cube as usize
+        && CMMA_TILE.is_valid(plane as usize)
+        && (plane as usize * CMMA_TILE.planes()) <= hw.max_units_per_cube as usize
+        && CMMA_TILE.shared_bytes(dtype.size()) <= hw.max_shared_memory_size
 }
 
 /// The GEMM kernel [`matmul`] uses for (`dtype`, `k`, `n`) on this client.
@@ -111,9 +114,9 @@ pub fn matmul_path<R: Runtime>(
             frag_m: CMMA_FRAG as u32,
             frag_n: CMMA_FRAG as u32,
             frag_k: CMMA_FRAG as u32,
-            block_m: CMMA_BM as u32,
-            block_n: CMMA_BN as u32,
-            block_k: CMMA_BK as u32,
+            block_m: CMMA_TILE.bm as u32,
+            block_n: CMMA_TILE.bn as u32,
+            block_k: CMMA_TILE.bk as u32,
             plane_size: client.properties().hardware.plane_size_max,
         })
     } else {
@@ -145,6 +148,106 @@ impl<'a, R: Runtime> Mat<'a, R> {
     fn launch(&self) -> OperandLaunch<R> {
         OperandLaunch::new(self.offset, self.s0, self.s1)
     }
+}
+
+/// The widest global load (in elements) the cmma kernel may use for `mat`, staged with its
+/// contiguous (`inner`) dimension of extent `inner_ext`: [`CMMA_VECTOR`] where that dimension has
+/// stride 1 and every vector start is 16-byte aligned and in-bounds, else 1. Only how bytes travel
+/// depends on it, never the arithmetic.
+fn cmma_vector<R: Runtime>(
+    mat: &Mat<'_, R>,
+    inner_stride: u32,
+    outer_stride: u32,
+    inner_ext: usize,
+    elem_size: usize,
+) -> usize {
+    let w = CMMA_VECTOR;
+    let base_aligned = mat
+        .buf
+        .handle
+        .offset_start
+        .unwrap_or(0)
+        .is_multiple_of((w * elem_size) as u64);
+    if inner_stride == 1
+        && (outer_stride as usize).is_multiple_of(w)
+        && inner_ext.is_multiple_of(w)
+        && (mat.offset as usize).is_multiple_of(w)
+        && base_aligned
+    {
+        w
+    } else {
+        1
+    }
+}
+
+/// Launch the cmma kernel on explicit layouts (shapes already validated by the caller; f16/bf16).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_cmma<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: &Mat<'_, R>,
+    rhs: &Mat<'_, R>,
+    bias: Option<&Vec1<'_, R>>,
+    out: &Mat<'_, R>,
+    m: usize,
+    k: usize,
+    n: usize,
+    plane_size: u32,
+    tile: CmmaTile,
+) -> Result<(), KernelError> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (gx, gy) = check_grid(client, "out", m.div_ceil(tile.bm), n.div_ceil(tile.bn))?;
+    let m32 = to_u32("lhs", "M", m)?;
+    let k32 = to_u32("lhs", "K", k)?;
+    let n32 = to_u32("rhs", "N", n)?;
+    let (bias_buf, bias_off, bias_stride) = match bias {
+        Some(b) => (b.buf, b.offset, b.stride),
+        None => (rhs.buf, 0, 0),
+    };
+    let elem = lhs.dtype.size();
+    // Each operand is staged with its smaller stride as the contiguous dimension.
+    let a_kfast = lhs.s1 <= lhs.s0;
+    let b_nfast = rhs.s1 <= rhs.s0;
+    let va = if a_kfast {
+        cmma_vector(lhs, lhs.s1, lhs.s0, k, elem)
+    } else {
+        cmma_vector(lhs, lhs.s0, lhs.s1, m, elem)
+    };
+    let vb = if b_nfast {
+        cmma_vector(rhs, rhs.s1, rhs.s0, n, elem)
+    } else {
+        cmma_vector(rhs, rhs.s0, rhs.s1, k, elem)
+    };
+    let threads = plane_size as usize * tile.planes();
+    unsafe {
+        cmma::gemm_cmma_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_2d(plane_size, tile.planes() as u32),
+            va,
+            vb,
+            raw_arg(lhs.buf),
+            lhs.launch(),
+            raw_arg(rhs.buf),
+            rhs.launch(),
+            raw_arg(bias_buf),
+            bias_off,
+            bias_stride,
+            raw_arg(out.buf),
+            out.launch(),
+            m32,
+            k32,
+            n32,
+            bias.is_some(),
+            a_kfast,
+            b_nfast,
+            threads,
+            tile,
+            lhs.dtype,
+        );
+    }
+    Ok(())
 }
 
 /// Bias vector: buffer, offset, stride (same dtype as the rhs).
@@ -306,42 +409,72 @@ pub fn matmul<R: Runtime>(
             false,
             SKIP_NONE,
         )?,
-        GemmPath::Cmma { plane_size, .. } => {
-            if c.m == 0 || c.n == 0 {
-                return Ok(path);
-            }
-            let (gx, gy) = check_grid(client, "out", c.m.div_ceil(CMMA_BM), c.n.div_ceil(CMMA_BN))?;
-            let m32 = to_u32("lhs", "M", c.m)?;
-            let k32 = to_u32("lhs", "K", c.k)?;
-            let n32 = to_u32("rhs", "N", c.n)?;
-            let (bias_buf, bias_stride) = match &bm {
-                Some(b) => (b.buf, b.stride),
-                None => (rhs, 0),
-            };
-            unsafe {
-                cmma::gemm_cmma_kernel::launch_unchecked::<R>(
-                    client,
-                    CubeCount::Static(gx, gy, 1),
-                    CubeDim::new_2d(plane_size, CMMA_PLANES as u32),
-                    raw_arg(lhs),
-                    lm.launch(),
-                    raw_arg(rhs),
-                    rm.launch(),
-                    raw_arg(bias_buf),
-                    0,
-                    bias_stride,
-                    raw_arg(out),
-                    om.launch(),
-                    m32,
-                    k32,
-                    n32,
-                    bm.is_some(),
-                    st,
-                );
-            }
-        }
+        GemmPath::Cmma { plane_size, .. } => launch_cmma(
+            client,
+            &lm,
+            &rm,
+            bm.as_ref(),
+            &om,
+            c.m,
+            c.k,
+            c.n,
+            plane_size,
+            CMMA_TILE,
+        )?,
     }
     Ok(path)
+}
+
+/// [`matmul`] with an explicit cmma tiling instead of the pinned [`crate::consts::CMMA_TILE`], for
+/// tuning benchmarks. Every tiling gives the same bits as the pinned one (same MMA steps in the
+/// same K order); only speed differs. Errors where the cmma path does not run for `dtype` or the
+/// tiling does not fit the device.
+#[doc(hidden)]
+pub fn matmul_cmma_tiled<R: Runtime>(
+    client: &ComputeClient<R>,
+    lhs: &TensorBinding<R>,
+    rhs: &TensorBinding<R>,
+    out: &TensorBinding<R>,
+    dtype: StorageType,
+    tile: CmmaTile,
+) -> Result<(), KernelError> {
+    let (c, [lv, rv, ov], _) = check_gemm(client, lhs, rhs, None, out, dtype)?;
+    let GemmPath::Cmma { plane_size, .. } = matmul_path(client, dtype, c.k, c.n)? else {
+        return Err(KernelError::Unsupported {
+            what: "matmul_cmma_tiled",
+            reason: "the cmma path does not run for this dtype on this device".into(),
+        });
+    };
+    let hw = &client.properties().hardware;
+    if !tile.is_valid(plane_size as usize)
+        || plane_size as usize * tile.planes() > hw.max_units_per_cube as usize
+        || tile.shared_bytes(c.dt.size()) > hw.max_shared_memory_size
+    {
+        return Err(KernelError::Unsupported {
+            what: "matmul_cmma_tiled",
+            reason: format!("tiling {tile:?} does not fit this device"),
+        });
+    }
+    let st = c.dt.storage();
+    let mat = |buf, v: &crate::util::View| Mat {
+        buf,
+        dtype: st,
+        offset: 0,
+        s0: v.stride(0) as u32,
+        s1: v.stride(1) as u32,
+    };
+    launch_cmma(
+        client,
+        &mat(lhs, &lv),
+        &mat(rhs, &rv),
+        None,
+        &mat(out, &ov),
+        c.m,
+        c.k,
+        c.n,
+        plane_size,
+        tile,
+    )
 }
 
 /// The row-reduction product `out = lhs_t · dout`, for `dRhs = lhsᵀ · dOut`.

@@ -225,6 +225,29 @@ pub fn upload_transposed_view<R: Runtime>(
     }
 }
 
+/// Upload a row-major [r, c] matrix with rows `row_stride >= c` elements apart; the gaps hold NaN,
+/// which a kernel reading out of bounds would spread.
+pub fn upload_row_padded<R: Runtime>(
+    client: &ComputeClient<R>,
+    data: &[f32],
+    r: usize,
+    c: usize,
+    row_stride: usize,
+    dt: Dt,
+) -> Buf<R> {
+    let mut t = vec![f32::NAN; (r - 1) * row_stride + c];
+    for i in 0..r {
+        t[i * row_stride..i * row_stride + c].copy_from_slice(&data[i * c..(i + 1) * c]);
+    }
+    let handle = client.create_from_slice(&dt.encode(&t));
+    let binding = view(&handle, &[r, c], &[row_stride, 1]);
+    Buf {
+        handle,
+        binding,
+        dt_size: dt.size(),
+    }
+}
+
 pub fn upload_i32<R: Runtime>(client: &ComputeClient<R>, data: &[i32]) -> Buf<R> {
     let mut bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
     if bytes.is_empty() {
