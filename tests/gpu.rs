@@ -31,6 +31,28 @@ fn probe<D: Clone + Send + Sync + 'static>(
     .clone()
 }
 
+/// Cross-backend reference mode: the f32 `CubeCl` GEMM (FMA path) gives the bits of `Reference`
+/// (NdArray, `f32::mul_add` chains), with and without bias, on shapes that are no multiple of any
+/// tile. On lavapipe this runs the emulated once-rounded `fma` (its `fma` rounds twice).
+fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::Device) {
+    type Reference = burn_ndarray::NdArray<f32>;
+    let cpu = Default::default();
+    let dtype = burn::tensor::DType::F32;
+    for (i, shape) in [[1, 1, 1], [67, 129, 255], [33, 65, 17], [130, 136, 70]]
+        .into_iter()
+        .enumerate()
+    {
+        let (with_bias, seed) = (i % 2 == 1, 300 + i as u64);
+        let got = common::bits(common::matmul(&common::gemm_problem::<B>(
+            device, dtype, shape, with_bias, seed,
+        )));
+        let want = common::bits(common::matmul(&common::gemm_problem::<Reference>(
+            &cpu, dtype, shape, with_bias, seed,
+        )));
+        common::assert_bits_eq(&format!("f32 matmul {shape:?} vs Reference"), &got, &want);
+    }
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use super::*;
@@ -51,6 +73,13 @@ mod wgpu {
         type B = burn_cubecl::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>;
         type AD = burn::backend::Autodiff<B>;
         invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::F16], other_dtype: burn::tensor::DType::F16);
+
+        #[test]
+        #[serial]
+        fn f32_matmul_bitwise_equals_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_matmul_equals_reference::<B>(&device);
+        }
     }
 
     mod fusion {
@@ -59,6 +88,13 @@ mod wgpu {
             burn_fusion::Fusion<burn_cubecl::CubeBackend<burn_wgpu::WgpuRuntime, f32, i32, u32>>;
         type AD = burn::backend::Autodiff<B>;
         invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::F16], other_dtype: burn::tensor::DType::F16);
+
+        #[test]
+        #[serial]
+        fn f32_matmul_bitwise_equals_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_matmul_equals_reference::<B>(&device);
+        }
     }
 }
 
@@ -82,6 +118,13 @@ mod cuda {
         type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
         type AD = burn::backend::Autodiff<B>;
         invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::F16, burn::tensor::DType::BF16], other_dtype: burn::tensor::DType::BF16);
+
+        #[test]
+        #[serial]
+        fn f32_matmul_bitwise_equals_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_matmul_equals_reference::<B>(&device);
+        }
     }
 
     mod fusion {
@@ -90,6 +133,13 @@ mod cuda {
             burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
         type AD = burn::backend::Autodiff<B>;
         invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::BF16], other_dtype: burn::tensor::DType::F16);
+
+        #[test]
+        #[serial]
+        fn f32_matmul_bitwise_equals_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_matmul_equals_reference::<B>(&device);
+        }
     }
 }
 

@@ -17,15 +17,17 @@
 //! * **FMA path** ([`GemmPath::Fma`], always for f32, fallback for f16/bf16): per element
 //!   `acc = +0.0f32; for k in 0..K ascending { acc = fma(f32(lhs[i,k]), f32(rhs[k,j]), acc) }`,
 //!   then `acc = acc + f32(bias[j])`, then one rounding cast. The last partial K stage is bounded
-//!   by K (no padded `fma(0, 0, acc)` terms, so the sign of a zero is preserved). On CUDA this is
-//!   bitwise equal to a CPU `f32::mul_add` chain. On wgpu (WGSL) the `fma` builtin may be
-//!   evaluated unfused (lavapipe does), so bitwise equality with the CPU holds only where the
-//!   runtime emits a fused multiply-add (verified: CUDA); the result is still deterministic and
-//!   row-invariant everywhere.
+//!   by K (no padded `fma(0, 0, acc)` terms, so the sign of a zero is preserved). This is bitwise
+//!   equal to a CPU `f32::mul_add` chain: where the device `fma` rounds once (CUDA, HIP, GPUs
+//!   behind Vulkan/Metal) it is used; where it rounds twice (lavapipe's WGSL `fma` is a multiply
+//!   and an add) a once-rounded `fma` is emulated from error-free transformations
+//!   ([`fma_mode`], probed once per device; verified bitwise on CUDA and on lavapipe).
 //! * **CMMA path** ([`GemmPath::Cmma`], f16/bf16 where the runtime advertises a 16×16×16
 //!   `x·x→f32` cooperative matrix, e.g. CUDA sm ≥ 70): tensor-core fragments with f32
-//!   accumulators, block 64×64, K staged 32 deep in ascending order, bias added in f32, one
-//!   rounding. Bits may differ from the FMA path; deterministic and row-invariant.
+//!   accumulators, block 128×128 of 8 planes, K staged 32 deep in ascending order through
+//!   double-buffered shared memory, bias added in f32, one rounding. Each output element is the
+//!   same sequence of 16-deep MMA steps whatever the operand layouts, load widths or tiling.
+//!   Bits may differ from the FMA path; deterministic and row-invariant.
 //! * **Row invariance**: `out[i,:]` depends only on `lhs[i,:]`, `rhs`, `bias`. The kernel, tile
 //!   and K order are functions of (dtype, device capabilities) only ([`matmul_path`]) — never of
 //!   M. No split-K, no autotune, no atomics.
@@ -59,7 +61,9 @@ pub mod logp;
 pub mod util;
 
 pub use error::KernelError;
-pub use gemm::{GemmPath, cmma_supported, col_sum, matmul, matmul_path, matmul_row_reduction};
+pub use gemm::{
+    FmaMode, GemmPath, cmma_supported, col_sum, fma_mode, matmul, matmul_path, matmul_row_reduction,
+};
 pub use logp::{
     LinearLogpGrads, LinearLogpInputs, linear_logp_backward, linear_logp_backward_workspace_len,
     linear_logp_forward, linear_logp_forward_workspace_len, linear_logp_num_segments,

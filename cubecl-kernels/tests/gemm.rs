@@ -205,8 +205,75 @@ fn layouts_and_load_widths<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     );
 }
 
-/// f32 FMA path vs the CPU `f32::mul_add` chain, bit for bit. Asserted where the runtime is known
-/// to emit a fused multiply-add (CUDA); on wgpu the mismatch count is recorded.
+/// The once-rounded `fma` emulation vs the CPU `f32::mul_add`, bit for bit, on random triples and
+/// on the hard cases (cancellation to a few bits, products that are exact ties, signed zeros,
+/// infinities; the emulation's documented domain).
+/// Asserted where the device needs the emulation; a compiler that contracts `x·y + z` (CUDA)
+/// would defeat it, and there the device `fma` is used instead.
+fn fma_emulation<R: Runtime>(client: &ComputeClient<R>) {
+    let mode = burn_invariant_cubecl::fma_mode(client);
+    let mut a = rand_vec(51, 20000, Dt::F32);
+    let mut b = rand_vec(52, 20000, Dt::F32);
+    let mut c = rand_vec(53, 20000, Dt::F32);
+    let t = 1.0f32 + 2f32.powi(-12);
+    let hard = [
+        (t, t, -1.0),
+        (t, -t, 1.0),
+        (1.0 + 2f32.powi(-23), 1.0 - 2f32.powi(-23), -1.0),
+        (3.0, 1.0 / 3.0, -1.0),
+        (0.1, 10.0, -1.0),
+        (0.0, -1.0, -0.0),
+        (-0.0, 5.0, 0.0),
+        (1e-20, 1e-20, 0.0),
+        (1e20, 1e20, f32::NEG_INFINITY),
+        (f32::INFINITY, 1.0, 2.0),
+        (f32::NAN, 1.0, 2.0),
+        (1.5, 2f32.powi(-24), 1.0),
+    ];
+    for (x, y, z) in hard {
+        a.push(x);
+        b.push(y);
+        c.push(z);
+    }
+    // Products that cancel c to the last bits.
+    for i in 0..2000 {
+        let x = a[i];
+        let y = b[i];
+        a.push(x);
+        b.push(y);
+        c.push(-(x * y));
+    }
+    let got = burn_invariant_cubecl::gemm::fma_emulated_on_device(client, &a, &b, &c).unwrap();
+    let diff: Vec<usize> = (0..a.len())
+        .filter(|&i| {
+            let want = a[i].mul_add(b[i], c[i]);
+            let same_nan = want.is_nan() && got[i].is_nan();
+            !same_nan && want.to_bits() != got[i].to_bits()
+        })
+        .collect();
+    eprintln!(
+        "[{}] fma mode {mode:?}; emulated fma vs CPU mul_add: {}/{} differ{}",
+        runtime_name(client),
+        diff.len(),
+        a.len(),
+        diff.first()
+            .map(|&i| format!(
+                " (first: fma({:e}, {:e}, {:e}) = {:e}, want {:e})",
+                a[i],
+                b[i],
+                c[i],
+                got[i],
+                a[i].mul_add(b[i], c[i])
+            ))
+            .unwrap_or_default()
+    );
+    if mode == burn_invariant_cubecl::FmaMode::Emulated {
+        assert!(diff.is_empty(), "the fma emulation must round once");
+    }
+}
+
+/// f32 FMA path vs the CPU `f32::mul_add` chain (the `Reference`), bit for bit, on every runtime:
+/// the device `fma` where it rounds once, the emulation elsewhere.
 fn fma_vs_cpu<R: Runtime>(client: &ComputeClient<R>) {
     let (m, k, n) = (67usize, 129usize, 255usize);
     let a = rand_vec(21, m * k, Dt::F32);
@@ -225,12 +292,10 @@ fn fma_vs_cpu<R: Runtime>(client: &ComputeClient<R>) {
         runtime_name(client),
         got.len()
     );
-    if is_cuda(client) {
-        assert_eq!(
-            diff, 0,
-            "CUDA must reproduce the CPU mul_add chain bit for bit"
-        );
-    }
+    assert_eq!(
+        diff, 0,
+        "the f32 FMA path must reproduce the CPU mul_add chain bit for bit"
+    );
 }
 
 fn row_reduction<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
@@ -410,6 +475,7 @@ fn paths<R: Runtime>(client: &ComputeClient<R>) {
 
 fn suite<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
     paths(client);
+    fma_emulation(client);
     fma_vs_cpu(client);
     for &dt in dts {
         correctness(client, dt);

@@ -25,6 +25,81 @@ pub(crate) struct Operand {
     pub s1: u32,
 }
 
+/// `x`, hidden from the optimizer: or-ed bitwise with a runtime zero, so a shader compiler that
+/// treats float arithmetic as reassociable (Mesa's NIR does, for SPIR-V without `NoContraction`)
+/// cannot rewrite the exact error terms below into the naive expression.
+#[cube]
+fn pinned(x: f32, zero: u32) -> f32 {
+    f32::reinterpret(u32::reinterpret(x) | zero)
+}
+
+/// The high half of `x`'s significand (12 bits) as a float: `x - high(x)` is exact and also has
+/// at most 12 significant bits, so products of halves are exact in f32 (Dekker).
+#[cube]
+fn high_half(x: f32) -> f32 {
+    f32::reinterpret(u32::reinterpret(x) & 0xFFFF_F000u32)
+}
+
+/// `fma(a, b, c)` with one rounding, from separately rounded operations, for devices whose `fma`
+/// is not fused (lavapipe). Boldo & Melquiond, "Emulation of FMA and correctly rounded sums:
+/// proved algorithms using rounding to odd" (IEEE TC 2008): the product split exactly by Dekker
+/// (`p + e = a·b`), the sum split exactly (`th + tl = c + p`), the two small terms added with
+/// rounding to odd, then one rounding to nearest. Every intermediate is [`pinned`] against
+/// algebraic rewriting. Bit-exact for operands of magnitude ≤ 2^100 whose nonzero product has
+/// magnitude ≥ 2^-100 (no overflow, no underflow in the error terms); infinities and NaN follow
+/// IEEE `fma`; other extreme magnitudes get `a·b + c` (two roundings). Launches must have one cube along z (`CUBE_POS_Z` is the
+/// runtime zero).
+#[cube]
+pub(crate) fn fma_emulated(a: f32, b: f32, c: f32) -> f32 {
+    let z = CUBE_POS_Z;
+    let p = pinned(a * b, z);
+    let ah = high_half(a);
+    let al = pinned(a - ah, z);
+    let bh = high_half(b);
+    let bl = pinned(b - bh, z);
+    let e1 = pinned(pinned(ah * bh, z) - p, z);
+    let e2 = pinned(e1 + pinned(ah * bl, z), z);
+    let e3 = pinned(e2 + pinned(al * bh, z), z);
+    let e = pinned(e3 + pinned(al * bl, z), z);
+    // th + tl = c + p exactly.
+    let th = pinned(c + p, z);
+    let tv = pinned(th - c, z);
+    let tl = pinned(pinned(c - pinned(th - tv, z), z) + pinned(p - tv, z), z);
+    // v = tl + e rounded to odd: round to nearest, then step one ulp toward the exact value
+    // when that was inexact and landed on an even significand.
+    let s = pinned(tl + e, z);
+    let sv = pinned(s - tl, z);
+    let err = pinned(pinned(tl - pinned(s - sv, z), z) + pinned(e - sv, z), z);
+    let bits = u32::reinterpret(s);
+    let away = (err > 0.0f32) == (s > 0.0f32);
+    let stepped = f32::reinterpret(select(away, bits + 1, bits - 1));
+    let v = select(err != 0.0f32 && (bits & 1) == 0, stepped, s);
+    let emulated = select(v == 0.0f32, th, th + v);
+    let big = 1.2676506e30f32; // 2^100
+    let tiny = 7.888609e-31f32; // 2^-100
+    let ap = p.abs();
+    let in_range = a.abs() <= big
+        && b.abs() <= big
+        && c.abs() <= big
+        && ap <= big
+        && (ap >= tiny || a == 0.0f32 || b == 0.0f32);
+    // Outside the range: IEEE `fma` semantics for infinities and NaN (an infinite `c` with finite
+    // factors wins even where `a·b` would overflow).
+    let max = 3.4028235e38f32; // f32::MAX
+    let c_wins = c.abs() > max && a.abs() <= max && b.abs() <= max;
+    select(in_range, emulated, select(c_wins, c, a * b + c))
+}
+
+/// `fma(a, b, c)`: the device instruction, or [`fma_emulated`] where it is not fused.
+#[cube]
+pub(crate) fn fma_f32(a: f32, b: f32, c: f32, #[comptime] emulate: bool) -> f32 {
+    if comptime![emulate] {
+        fma_emulated(a, b, c)
+    } else {
+        fma(a, b, c)
+    }
+}
+
 #[cube]
 fn fma_micro_step(
     a_s: &SharedMemory<f32>,
@@ -34,7 +109,10 @@ fn fma_micro_step(
     tx: usize,
     acc: &mut Array<f32>,
     #[comptime] skip_zero: u32,
+    #[comptime] emulate_fma: bool,
 ) {
+    // The emulated fma is long: unrolled copies of it would only cost shader compile time.
+    let unroll = comptime!(!emulate_fma);
     let mut av = Array::<f32>::new(FMA_MICRO);
     let mut bv = Array::<f32>::new(FMA_MICRO);
     #[unroll]
@@ -45,13 +123,13 @@ fn fma_micro_step(
     for c in 0..FMA_MICRO {
         bv[c] = b_s[kk * FMA_BN + tx + c * FMA_THREADS];
     }
-    #[unroll]
+    #[unroll(unroll)]
     for r in 0..FMA_MICRO {
-        #[unroll]
+        #[unroll(unroll)]
         for c in 0..FMA_MICRO {
             let i = r * FMA_MICRO + c;
             let prev = acc[i];
-            let next = fma(av[r], bv[c], prev);
+            let next = fma_f32(av[r], bv[c], prev, emulate_fma);
             if comptime![skip_zero == SKIP_ZERO_LHS] {
                 acc[i] = select(av[r] == 0.0, prev, next);
             } else if comptime![skip_zero == SKIP_ZERO_RHS] {
@@ -80,6 +158,7 @@ pub(crate) fn fma_block<A: Float, B: Float>(
     col0: usize,
     acc: &mut Array<f32>,
     #[comptime] skip_zero: u32,
+    #[comptime] emulate_fma: bool,
 ) {
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
@@ -130,15 +209,19 @@ pub(crate) fn fma_block<A: Float, B: Float>(
         }
         sync_cube();
         let kc = k - k0;
-        if kc >= FMA_BK {
+        if comptime![emulate_fma] {
+            for kk in 0..min(kc, FMA_BK) {
+                fma_micro_step(&a_s, &b_s, kk, ty, tx, acc, skip_zero, emulate_fma);
+            }
+        } else if kc >= FMA_BK {
             #[unroll]
             for kk in 0..FMA_BK {
-                fma_micro_step(&a_s, &b_s, kk, ty, tx, acc, skip_zero);
+                fma_micro_step(&a_s, &b_s, kk, ty, tx, acc, skip_zero, emulate_fma);
             }
         } else {
             // Final partial stage: bounded by K, so no padded term is ever added.
             for kk in 0..kc {
-                fma_micro_step(&a_s, &b_s, kk, ty, tx, acc, skip_zero);
+                fma_micro_step(&a_s, &b_s, kk, ty, tx, acc, skip_zero, emulate_fma);
             }
         }
         sync_cube();
@@ -164,6 +247,7 @@ pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
     #[comptime] has_bias: bool,
     #[comptime] accumulate: bool,
     #[comptime] skip_zero: u32,
+    #[comptime] emulate_fma: bool,
     #[define(A, B, O)] _dtypes: [StorageType; 3],
 ) {
     let m = m as usize;
@@ -194,7 +278,20 @@ pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
         }
     }
 
-    fma_block::<A, B>(lhs, &lo, rhs, &ro, m, k, n, row0, col0, &mut acc, skip_zero);
+    fma_block::<A, B>(
+        lhs,
+        &lo,
+        rhs,
+        &ro,
+        m,
+        k,
+        n,
+        row0,
+        col0,
+        &mut acc,
+        skip_zero,
+        emulate_fma,
+    );
 
     #[unroll]
     for r in 0..FMA_MICRO {
@@ -210,5 +307,28 @@ pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
                 out[o_off + row * o_s0 + col * o_s1] = O::cast_from(v);
             }
         }
+    }
+}
+
+/// One fused multiply-add of `x[0]·x[1] + x[2]`, read from memory so no compiler can fold it.
+#[cube(launch)]
+pub(crate) fn fma_probe_kernel(x: &Array<f32>, out: &mut Array<f32>) {
+    if UNIT_POS == 0 {
+        out[0] = fma(x[0], x[1], x[2]);
+        out[1] = fma_emulated(x[0], x[1], x[2]);
+    }
+}
+
+/// `out[i] = fma_emulated(a[i], b[i], c[i])`, for testing the emulation against a CPU `mul_add`.
+#[cube(launch)]
+pub(crate) fn fma_emulated_kernel(
+    a: &Array<f32>,
+    b: &Array<f32>,
+    c: &Array<f32>,
+    out: &mut Array<f32>,
+) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        out[i] = fma_emulated(a[i], b[i], c[i]);
     }
 }

@@ -124,6 +124,104 @@ pub fn matmul_path<R: Runtime>(
     }
 }
 
+/// How the f32 FMA path performs `fma(a, b, c)` on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FmaMode {
+    /// The device's `fma` instruction rounds once (CUDA, HIP, GPUs behind Vulkan/Metal).
+    Fused,
+    /// The device's `fma` rounds twice (lavapipe: WGSL `fma` becomes a multiply and an add), so
+    /// the kernels build a once-rounded `fma` from error-free transformations (about 25 flops).
+    Emulated,
+}
+
+/// The [`FmaMode`] of this client's device, probed once per device kind by one tiny kernel: with
+/// `x = 1 + 2^-12`, `fma(x, x, -1)` is `2^-11 + 2^-24` rounded once and `2^-11` rounded twice.
+/// The choice depends on the device only, never on shapes.
+pub fn fma_mode<R: Runtime>(client: &ComputeClient<R>) -> FmaMode {
+    use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
+    use std::sync::{Mutex, OnceLock};
+    static MODES: OnceLock<Mutex<HashMap<(std::any::TypeId, u64), FmaMode>>> = OnceLock::new();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    client.properties().hardware.hash(&mut hasher);
+    let key = (std::any::TypeId::of::<R>(), hasher.finish());
+    let modes = MODES.get_or_init(Default::default);
+    if let Some(mode) = modes.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return *mode;
+    }
+    let x = 1.0f32 + 2f32.powi(-12);
+    let exact = 2f32.powi(-11) + 2f32.powi(-24);
+    let input = client.create_from_slice(f32::as_bytes(&[x, x, -1.0]));
+    let output = client.empty(2 * 4);
+    unsafe {
+        fma::fma_probe_kernel::launch::<R>(
+            client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(1),
+            ArrayArg::from_raw_parts(input, 3),
+            ArrayArg::from_raw_parts(output.clone(), 2),
+        )
+    };
+    let fused = client
+        .read_one(output)
+        .ok()
+        .map(|bytes| f32::from_bytes(&bytes).first().copied() == Some(exact))
+        .unwrap_or(false);
+    let mode = if fused {
+        FmaMode::Fused
+    } else {
+        FmaMode::Emulated
+    };
+    modes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, mode);
+    mode
+}
+
+/// `fma(a[i], b[i], c[i])` by the emulation that [`FmaMode::Emulated`] devices use, for tests.
+/// The three slices must have equal lengths. Only meaningful on a device whose compiler does not
+/// contract `x·y + z` (CUDA does; there the device `fma` is used instead).
+#[doc(hidden)]
+pub fn fma_emulated_on_device<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+) -> Result<Vec<f32>, KernelError> {
+    let len = a.len();
+    if b.len() != len || c.len() != len {
+        return Err(KernelError::Shape {
+            arg: "b, c",
+            expected: format!("[{len}] (the length of a)"),
+            got: vec![b.len(), c.len()],
+        });
+    }
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let (gx, _) = check_grid(client, "a", len.div_ceil(256), 1)?;
+    let upload = |x: &[f32]| client.create_from_slice(f32::as_bytes(x));
+    let (ha, hb, hc) = (upload(a), upload(b), upload(c));
+    let out = client.empty(len * 4);
+    unsafe {
+        fma::fma_emulated_kernel::launch::<R>(
+            client,
+            CubeCount::Static(gx, 1, 1),
+            CubeDim::new_1d(256),
+            ArrayArg::from_raw_parts(ha, len),
+            ArrayArg::from_raw_parts(hb, len),
+            ArrayArg::from_raw_parts(hc, len),
+            ArrayArg::from_raw_parts(out.clone(), len),
+        )
+    };
+    let bytes = client.read_one(out).map_err(|e| KernelError::Unsupported {
+        what: "fma_emulated_on_device",
+        reason: format!("read back failed: {e:?}"),
+    })?;
+    Ok(f32::from_bytes(&bytes).to_vec())
+}
+
 /// One operand as the FMA kernel sees it: buffer, dtype and layout.
 pub(crate) struct Mat<'a, R: Runtime> {
     pub buf: &'a TensorBinding<R>,
@@ -302,6 +400,7 @@ pub(crate) fn launch_fma<R: Runtime>(
             bias.is_some(),
             accumulate,
             skip_zero,
+            fma_mode(client) == FmaMode::Emulated,
             [lhs.dtype, rhs.dtype, out.dtype],
         );
     }

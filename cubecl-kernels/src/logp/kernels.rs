@@ -44,12 +44,26 @@ pub(crate) fn logits_block<F: Float>(
     col0: usize,
     acc: &mut Array<f32>,
     #[comptime] has_bias: bool,
+    #[comptime] emulate_fma: bool,
 ) {
     #[unroll]
     for i in 0..(FMA_MICRO * FMA_MICRO) {
         acc[i] = 0.0f32;
     }
-    fma_block::<F, F>(hidden, ho, weight, wo, m, d, n, row0, col0, acc, SKIP_NONE);
+    fma_block::<F, F>(
+        hidden,
+        ho,
+        weight,
+        wo,
+        m,
+        d,
+        n,
+        row0,
+        col0,
+        acc,
+        SKIP_NONE,
+        emulate_fma,
+    );
     if comptime![has_bias] {
         let tx = UNIT_POS_X as usize;
         #[unroll]
@@ -89,6 +103,7 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
     neg_inf: f32,
     #[comptime] has_bias: bool,
     #[comptime] has_ignore: bool,
+    #[comptime] emulate_fma: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let n = n_rows as usize;
@@ -141,6 +156,7 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
             j0,
             &mut acc,
             has_bias,
+            emulate_fma,
         );
         #[unroll]
         for r in 0..FMA_MICRO {
@@ -269,6 +285,7 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
     ignore: InputScalar,
     #[comptime] has_bias: bool,
     #[comptime] has_ignore: bool,
+    #[comptime] emulate_fma: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let tx = UNIT_POS_X as usize;
@@ -296,6 +313,7 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
         col0,
         &mut acc,
         has_bias,
+        emulate_fma,
     );
 
     #[unroll]

@@ -9,7 +9,7 @@ use crate::consts::{
 };
 use crate::error::KernelError;
 use crate::gemm::fma::{OperandLaunch, SKIP_NONE, SKIP_ZERO_LHS};
-use crate::gemm::{Mat, Vec1, launch_cast_2d, launch_col_sum, launch_fma};
+use crate::gemm::{FmaMode, Mat, Vec1, fma_mode, launch_cast_2d, launch_col_sum, launch_fma};
 use crate::util::{
     FloatDType, IndexDType, View, check_grid, check_out_view, check_runtime_dtype, check_view,
     expect_shape, raw_arg, to_u32,
@@ -228,6 +228,7 @@ pub fn linear_logp_forward<R: Runtime>(
                 f32::NEG_INFINITY,
                 inputs.bias.is_some(),
                 c.ignore.is_some(),
+                fma_mode(client) == FmaMode::Emulated,
                 [f, i],
             );
         }
@@ -429,6 +430,7 @@ pub fn linear_logp_backward<R: Runtime>(
                     ignore_scalar(&c),
                     has_bias,
                     c.ignore.is_some(),
+                    fma_mode(client) == FmaMode::Emulated,
                     [f, i],
                 );
             }
