@@ -180,6 +180,47 @@ fn layouts_and_load_widths<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
             );
         }
     }
+    // Where the kernel drives the MMAs by hand, WMMA gives the same bits (same MMA steps).
+    if let Ok(GemmPath::Cmma {
+        manual_mma: true, ..
+    }) = matmul_path(client, dt.storage(), k, n)
+    {
+        for (l, r) in [(0, 0), (1, 1), (2, 0)] {
+            let run = |manual: Option<bool>| {
+                let out = alloc_dense(client, &[m, n], dt);
+                match manual {
+                    // `matmul` with no bias takes the manual path here.
+                    None => matmul(
+                        client,
+                        lhs[l].1.b(),
+                        rhs[r].1.b(),
+                        None,
+                        out.b(),
+                        dt.storage(),
+                    )
+                    .map(|_| ()),
+                    Some(manual) => burn_invariant_cubecl::gemm::matmul_cmma_tiled(
+                        client,
+                        lhs[l].1.b(),
+                        rhs[r].1.b(),
+                        out.b(),
+                        dt.storage(),
+                        burn_invariant_cubecl::consts::CMMA_TILE,
+                        manual,
+                    ),
+                }
+                .unwrap();
+                bits(&read_2d(client, &out, dt, m, n))
+            };
+            assert_eq!(
+                run(Some(false)),
+                run(None),
+                "{dt:?} WMMA vs manual MMA, lhs {} x rhs {}",
+                lhs[l].0,
+                rhs[r].0
+            );
+        }
+    }
     // A row alone vs in the batch, on the wide-load path.
     for &i in &[0usize, 127, 128, 199] {
         let row = upload(client, &a[i * k..(i + 1) * k], &[1, k], dt);

@@ -68,7 +68,7 @@ impl CmmaTile {
 }
 
 /// Elements of one shared stage of an operand tile `outer × inner` (inner contiguous, padded).
-const fn stage_len(outer: usize, inner: usize) -> usize {
+pub(crate) const fn stage_len(outer: usize, inner: usize) -> usize {
     outer * (inner + CMMA_PAD)
 }
 
@@ -78,7 +78,7 @@ const fn stage_len(outer: usize, inner: usize) -> usize {
 /// vector is either wholly inside or wholly outside.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn fetch_tile<F: Float, N: Size>(
+pub(crate) fn fetch_tile<F: Float, N: Size>(
     src: &Tensor<Vector<F, N>>,
     regs: &mut Array<Vector<F, N>>,
     off: usize,
@@ -112,7 +112,7 @@ fn fetch_tile<F: Float, N: Size>(
 /// Registers → one shared stage (`base` in vectors), same unit-to-vector mapping as
 /// [`fetch_tile`].
 #[cube]
-fn stash_tile<F: Float, N: Size>(
+pub(crate) fn stash_tile<F: Float, N: Size>(
     regs: &Array<Vector<F, N>>,
     smem: &mut SharedMemory<Vector<F, N>>,
     base: usize,
@@ -152,6 +152,7 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
     #[comptime] b_nfast: bool,
     #[comptime] threads: usize,
     #[comptime] tile: CmmaTile,
+    #[comptime] manual: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let bm = comptime!(tile.bm);
@@ -213,43 +214,58 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
         (ro.s1 as usize, ro.s0 as usize)
     };
 
+    // Fragments: `cmma` (WMMA) 16×16 matrices, or, on the manual path, per-lane registers of
+    // 16×8×16 MMAs (A: 16×16, B: 16×8 in pairs, accumulators 16×8 as two f32 pairs).
+    let mma = cmma::MmaDefinition::<F, F, f32>::new(CMMA_FRAG, 8usize, CMMA_FRAG);
+    let n8 = comptime!(plane_n / 8);
     let mut accs = Sequence::<cmma::Matrix<f32>>::new();
-    #[unroll]
-    for _ in 0..comptime!(frags_m * frags_n) {
-        accs.push(cmma::Matrix::<f32>::from_value(
-            cmma::MatrixIdent::Accumulator,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            CMMA_FRAG,
-            cmma::MatrixLayout::Undefined,
-            0.0,
-        ));
-    }
     let mut a_frags = Sequence::<cmma::Matrix<F>>::new();
-    #[unroll]
-    for _ in 0..frags_m {
-        a_frags.push(unsafe {
-            cmma::Matrix::<F>::uninitialized(
-                cmma::MatrixIdent::A,
-                CMMA_FRAG,
-                CMMA_FRAG,
-                CMMA_FRAG,
-                a_layout,
-            )
-        });
-    }
     let mut b_frags = Sequence::<cmma::Matrix<F>>::new();
-    #[unroll]
-    for _ in 0..frags_n {
-        b_frags.push(unsafe {
-            cmma::Matrix::<F>::uninitialized(
-                cmma::MatrixIdent::B,
+    let mut regs_c = Sequence::<Array<Vector<f32, Const<2>>>>::new();
+    if comptime![manual] {
+        #[unroll]
+        for _ in 0..comptime!(frags_m * n8) {
+            let mut c = Array::<Vector<f32, Const<2>>>::new(2usize);
+            c[0] = Vector::new(0.0f32);
+            c[1] = Vector::new(0.0f32);
+            regs_c.push(c);
+        }
+    } else {
+        #[unroll]
+        for _ in 0..comptime!(frags_m * frags_n) {
+            accs.push(cmma::Matrix::<f32>::from_value(
+                cmma::MatrixIdent::Accumulator,
                 CMMA_FRAG,
                 CMMA_FRAG,
                 CMMA_FRAG,
-                b_layout,
-            )
-        });
+                cmma::MatrixLayout::Undefined,
+                0.0,
+            ));
+        }
+        #[unroll]
+        for _ in 0..frags_m {
+            a_frags.push(unsafe {
+                cmma::Matrix::<F>::uninitialized(
+                    cmma::MatrixIdent::A,
+                    CMMA_FRAG,
+                    CMMA_FRAG,
+                    CMMA_FRAG,
+                    a_layout,
+                )
+            });
+        }
+        #[unroll]
+        for _ in 0..frags_n {
+            b_frags.push(unsafe {
+                cmma::Matrix::<F>::uninitialized(
+                    cmma::MatrixIdent::B,
+                    CMMA_FRAG,
+                    CMMA_FRAG,
+                    CMMA_FRAG,
+                    b_layout,
+                )
+            });
+        }
     }
 
     let num_stages = k.div_ceil(bk);
@@ -326,48 +342,119 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
         }
         let a_base = cur * a_stage;
         let b_base = cur * b_stage;
-        #[unroll]
-        for s in 0..comptime!(bk / CMMA_FRAG) {
-            let kk = s * CMMA_FRAG;
+        if comptime![manual] {
+            // ldmatrix: lane l addresses row `l % 8` of 8×8 matrix `l / 8`; matrices 0..3 are
+            // (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) of a
+            // 16×16 A tile and (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+            // of two 16×8 B tiles. Operands staged the other way round load transposed.
+            let lane = UNIT_POS_X as usize;
+            let quad = lane / 8;
+            let within = lane % 8;
             #[unroll]
-            for i in 0..frags_m {
-                let r = prow + i * CMMA_FRAG;
-                // Element offset of fragment (r, kk) in the stage, then in vectors.
-                let e = if comptime![a_kfast] {
-                    r * a_pitch + kk
-                } else {
-                    kk * a_pitch + r
-                };
-                let start = a_base + e / va;
-                let len = comptime!(((CMMA_FRAG - 1) * a_pitch + CMMA_FRAG) / va);
-                cmma::load(
-                    a_frags.index(i),
-                    &a_s.slice(start, start + len),
-                    a_pitch as u32,
-                );
+            for s in 0..comptime!(bk / CMMA_FRAG) {
+                let kk = s * CMMA_FRAG;
+                let mut regs_a = Sequence::<Array<Vector<F, Const<2>>>>::new();
+                #[unroll]
+                for i in 0..frags_m {
+                    let r = prow + i * CMMA_FRAG;
+                    let e = if comptime![a_kfast] {
+                        (r + (quad % 2) * 8 + within) * a_pitch + kk + (quad / 2) * 8
+                    } else {
+                        (kk + (quad / 2) * 8 + within) * a_pitch + r + (quad % 2) * 8
+                    };
+                    let start = a_base + e / va;
+                    regs_a.push(mma.load_matrix::<Vector<F, VA>, Const<2>>(
+                        &a_s.slice(start, start + comptime!(8 / va)),
+                        cmma::MatrixIdent::A,
+                        4usize,
+                        comptime!(!a_kfast),
+                    ));
+                }
+                #[unroll]
+                for j in 0..comptime!(n8 / 2) {
+                    let c = pcol + j * CMMA_FRAG;
+                    let e = if comptime![b_nfast] {
+                        (kk + (quad % 2) * 8 + within) * b_pitch + c + (quad / 2) * 8
+                    } else {
+                        (c + (quad / 2) * 8 + within) * b_pitch + kk + (quad % 2) * 8
+                    };
+                    let start = b_base + e / vb;
+                    let pair = mma.load_matrix::<Vector<F, VB>, Const<2>>(
+                        &b_s.slice(start, start + comptime!(8 / vb)),
+                        cmma::MatrixIdent::B,
+                        4usize,
+                        b_nfast,
+                    );
+                    let mut b_lo = Array::<Vector<F, Const<2>>>::new(2usize);
+                    b_lo[0] = pair[0];
+                    b_lo[1] = pair[1];
+                    let mut b_hi = Array::<Vector<F, Const<2>>>::new(2usize);
+                    b_hi[0] = pair[2];
+                    b_hi[1] = pair[3];
+                    #[unroll]
+                    for i in 0..frags_m {
+                        mma.execute_inplace(
+                            regs_a.index(i),
+                            &b_lo,
+                            regs_c.index_mut(comptime!(i * n8 + 2 * j)),
+                        );
+                        mma.execute_inplace(
+                            regs_a.index(i),
+                            &b_hi,
+                            regs_c.index_mut(comptime!(i * n8 + 2 * j + 1)),
+                        );
+                    }
+                }
             }
+        } else {
             #[unroll]
-            for j in 0..frags_n {
-                let c = pcol + j * CMMA_FRAG;
-                let e = if comptime![b_nfast] {
-                    kk * b_pitch + c
-                } else {
-                    c * b_pitch + kk
-                };
-                let start = b_base + e / vb;
-                let len = comptime!(((CMMA_FRAG - 1) * b_pitch + CMMA_FRAG) / vb);
-                cmma::load(
-                    b_frags.index(j),
-                    &b_s.slice(start, start + len),
-                    b_pitch as u32,
-                );
-            }
-            #[unroll]
-            for i in 0..frags_m {
+            for s in 0..comptime!(bk / CMMA_FRAG) {
+                let kk = s * CMMA_FRAG;
+                #[unroll]
+                for i in 0..frags_m {
+                    let r = prow + i * CMMA_FRAG;
+                    // Element offset of fragment (r, kk) in the stage, then in vectors.
+                    let e = if comptime![a_kfast] {
+                        r * a_pitch + kk
+                    } else {
+                        kk * a_pitch + r
+                    };
+                    let start = a_base + e / va;
+                    let len = comptime!(((CMMA_FRAG - 1) * a_pitch + CMMA_FRAG) / va);
+                    cmma::load(
+                        a_frags.index(i),
+                        &a_s.slice(start, start + len),
+                        a_pitch as u32,
+                    );
+                }
                 #[unroll]
                 for j in 0..frags_n {
-                    let acc = accs.index(comptime!(i * frags_n + j));
-                    cmma::execute::<F, F, f32, f32>(a_frags.index(i), b_frags.index(j), acc, acc);
+                    let c = pcol + j * CMMA_FRAG;
+                    let e = if comptime![b_nfast] {
+                        kk * b_pitch + c
+                    } else {
+                        c * b_pitch + kk
+                    };
+                    let start = b_base + e / vb;
+                    let len = comptime!(((CMMA_FRAG - 1) * b_pitch + CMMA_FRAG) / vb);
+                    cmma::load(
+                        b_frags.index(j),
+                        &b_s.slice(start, start + len),
+                        b_pitch as u32,
+                    );
+                }
+                #[unroll]
+                for i in 0..frags_m {
+                    #[unroll]
+                    for j in 0..frags_n {
+                        let acc = accs.index(comptime!(i * frags_n + j));
+                        cmma::execute::<F, F, f32, f32>(
+                            a_frags.index(i),
+                            b_frags.index(j),
+                            acc,
+                            acc,
+                        );
+                    }
                 }
             }
         }
@@ -403,30 +490,63 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
     let plane_dim = CUBE_DIM_X as usize;
     let scratch = plane * CMMA_FRAG * CMMA_FRAG;
     let per_lane = comptime!(CMMA_FRAG * CMMA_FRAG) / plane_dim;
-    #[unroll]
-    for i in 0..frags_m {
+    if comptime![manual] {
+        // Lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, columns 2t and 2t + 1.
+        let g = lane / 4;
+        let t = lane % 4;
         #[unroll]
-        for j in 0..frags_n {
-            cmma::store(
-                &mut c_s.slice_mut(scratch, scratch + CMMA_FRAG * CMMA_FRAG),
-                accs.index(comptime!(i * frags_n + j)),
-                CMMA_FRAG as u32,
-                cmma::MatrixLayout::RowMajor,
-            );
-            sync_cube();
-            for e in 0..per_lane {
-                let idx = e * plane_dim + lane;
-                let row = row0 + prow + i * CMMA_FRAG + idx / CMMA_FRAG;
-                let col = col0 + pcol + j * CMMA_FRAG + idx % CMMA_FRAG;
-                if row < m && col < n {
-                    let mut v = c_s[scratch + idx];
-                    if comptime![has_bias] {
-                        v += f32::cast_from(bias[bias_off as usize + col * bias_stride as usize]);
+        for i in 0..frags_m {
+            #[unroll]
+            for j in 0..n8 {
+                let regs = regs_c.index(comptime!(i * n8 + j));
+                #[unroll]
+                for h in 0..2usize {
+                    let row = row0 + prow + i * CMMA_FRAG + g + h * 8;
+                    let pair = regs[h];
+                    #[unroll]
+                    for q in 0..2usize {
+                        let col = col0 + pcol + j * 8 + 2 * t + q;
+                        if row < m && col < n {
+                            let mut v = pair[q];
+                            if comptime![has_bias] {
+                                v += f32::cast_from(
+                                    bias[bias_off as usize + col * bias_stride as usize],
+                                );
+                            }
+                            out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
+                        }
                     }
-                    out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
                 }
             }
-            sync_cube();
+        }
+    } else {
+        #[unroll]
+        for i in 0..frags_m {
+            #[unroll]
+            for j in 0..frags_n {
+                cmma::store(
+                    &mut c_s.slice_mut(scratch, scratch + CMMA_FRAG * CMMA_FRAG),
+                    accs.index(comptime!(i * frags_n + j)),
+                    CMMA_FRAG as u32,
+                    cmma::MatrixLayout::RowMajor,
+                );
+                sync_cube();
+                for e in 0..per_lane {
+                    let idx = e * plane_dim + lane;
+                    let row = row0 + prow + i * CMMA_FRAG + idx / CMMA_FRAG;
+                    let col = col0 + pcol + j * CMMA_FRAG + idx % CMMA_FRAG;
+                    if row < m && col < n {
+                        let mut v = c_s[scratch + idx];
+                        if comptime![has_bias] {
+                            v += f32::cast_from(
+                                bias[bias_off as usize + col * bias_stride as usize],
+                            );
+                        }
+                        out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
+                    }
+                }
+                sync_cube();
+            }
         }
     }
 }
@@ -434,7 +554,7 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
 /// [`fetch_tile`] for the lhs stage at K origin `k0`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn fetch_a<F: Float, N: Size>(
+pub(crate) fn fetch_a<F: Float, N: Size>(
     lhs: &Tensor<Vector<F, N>>,
     regs: &mut Array<Vector<F, N>>,
     off: usize,
@@ -463,7 +583,7 @@ fn fetch_a<F: Float, N: Size>(
 /// [`fetch_tile`] for the rhs stage at K origin `k0`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn fetch_b<F: Float, N: Size>(
+pub(crate) fn fetch_b<F: Float, N: Size>(
     rhs: &Tensor<Vector<F, N>>,
     regs: &mut Array<Vector<F, N>>,
     off: usize,

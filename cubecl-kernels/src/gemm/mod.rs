@@ -41,6 +41,9 @@ pub enum GemmPath {
         block_k: u32,
         /// Units per plane used at launch (the device's plane width).
         plane_size: u32,
+        /// Fragments through `ldmatrix` and 16×8×16 `mma.sync` with per-lane registers (CUDA)
+        /// instead of WMMA; the same MMA steps per output element, so the same bits.
+        manual_mma: bool,
     },
 }
 
@@ -60,10 +63,16 @@ impl core::fmt::Display for GemmPath {
                 block_n,
                 block_k,
                 plane_size,
+                manual_mma,
             } => write!(
                 f,
-                "cmma (fragments {frag_m}x{frag_n}x{frag_k}, f32 accumulators, block \
-                 {block_m}x{block_n}x{block_k}, plane {plane_size}, k ascending)"
+                "cmma (fragments {frag_m}x{frag_n}x{frag_k}{}, f32 accumulators, block \
+                 {block_m}x{block_n}x{block_k}, plane {plane_size}, k ascending)",
+                if *manual_mma {
+                    " as ldmatrix + mma.sync 16x8x16"
+                } else {
+                    ""
+                }
             ),
         }
     }
@@ -95,6 +104,22 @@ pub fn cmma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType)
         && CMMA_TILE.shared_bytes(dtype.size()) <= hw.max_shared_memory_size
 }
 
+/// Whether the cmma kernel can drive the tensor cores by hand on this client: `ldmatrix` and
+/// `mma.sync` 16×8×16 with CUDA's register layout (the CUDA runtime with that MMA advertised).
+pub fn manual_mma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType) -> bool {
+    let cfg = MmaConfig {
+        a_type: dtype,
+        b_type: dtype,
+        cd_type: ElemType::Float(FloatKind::F32).into(),
+        m: CMMA_FRAG as u32,
+        n: 8,
+        k: CMMA_FRAG as u32,
+    };
+    R::name(client) == "cuda"
+        && client.properties().hardware.plane_size_max == 32
+        && client.features().matmul.mma.contains(&cfg)
+}
+
 /// The GEMM kernel [`matmul`] uses for (`dtype`, `k`, `n`) on this client.
 ///
 /// The choice depends only on the dtype and the device capabilities (and is documented to
@@ -118,6 +143,7 @@ pub fn matmul_path<R: Runtime>(
             block_n: CMMA_TILE.bn as u32,
             block_k: CMMA_TILE.bk as u32,
             plane_size: client.properties().hardware.plane_size_max,
+            manual_mma: manual_mma_supported(client, dt.storage()),
         })
     } else {
         Ok(GemmPath::Fma)
@@ -291,6 +317,7 @@ pub(crate) fn launch_cmma<R: Runtime>(
     n: usize,
     plane_size: u32,
     tile: CmmaTile,
+    manual_mma: bool,
 ) -> Result<(), KernelError> {
     if m == 0 || n == 0 {
         return Ok(());
@@ -342,6 +369,7 @@ pub(crate) fn launch_cmma<R: Runtime>(
             b_nfast,
             threads,
             tile,
+            manual_mma,
             lhs.dtype,
         );
     }
@@ -508,7 +536,11 @@ pub fn matmul<R: Runtime>(
             false,
             SKIP_NONE,
         )?,
-        GemmPath::Cmma { plane_size, .. } => launch_cmma(
+        GemmPath::Cmma {
+            plane_size,
+            manual_mma,
+            ..
+        } => launch_cmma(
             client,
             &lm,
             &rm,
@@ -519,6 +551,7 @@ pub fn matmul<R: Runtime>(
             c.n,
             plane_size,
             CMMA_TILE,
+            manual_mma,
         )?,
     }
     Ok(path)
@@ -536,6 +569,7 @@ pub fn matmul_cmma_tiled<R: Runtime>(
     out: &TensorBinding<R>,
     dtype: StorageType,
     tile: CmmaTile,
+    manual_mma: bool,
 ) -> Result<(), KernelError> {
     let (c, [lv, rv, ov], _) = check_gemm(client, lhs, rhs, None, out, dtype)?;
     let GemmPath::Cmma { plane_size, .. } = matmul_path(client, dtype, c.k, c.n)? else {
@@ -545,6 +579,12 @@ pub fn matmul_cmma_tiled<R: Runtime>(
         });
     };
     let hw = &client.properties().hardware;
+    if manual_mma && !manual_mma_supported(client, dtype) {
+        return Err(KernelError::Unsupported {
+            what: "matmul_cmma_tiled",
+            reason: "no ldmatrix + mma.sync 16x8x16 here".into(),
+        });
+    }
     if !tile.is_valid(plane_size as usize)
         || plane_size as usize * tile.planes() > hw.max_units_per_cube as usize
         || tile.shared_bytes(c.dt.size()) > hw.max_shared_memory_size
@@ -573,6 +613,7 @@ pub fn matmul_cmma_tiled<R: Runtime>(
         c.n,
         plane_size,
         tile,
+        manual_mma,
     )
 }
 
