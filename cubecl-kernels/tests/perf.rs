@@ -4,6 +4,40 @@
 #[cfg(feature = "cuda")]
 mod common;
 
+/// The `[K, N]` rhs row-major, or as the transposed view of an `[N, K]` weight.
+#[cfg(feature = "cuda")]
+fn upload_rhs(
+    client: &cubecl::prelude::ComputeClient<cubecl::cuda::CudaRuntime>,
+    data: &[f32],
+    k: usize,
+    n: usize,
+    dt: common::Dt,
+    transposed: bool,
+) -> common::Buf<cubecl::cuda::CudaRuntime> {
+    if transposed {
+        common::upload_transposed_view(client, data, k, n, dt)
+    } else {
+        common::upload(client, data, &[k, n], dt)
+    }
+}
+
+/// Median over five samples of the mean time of `reps` calls, each sample ended by a device sync.
+#[cfg(feature = "cuda")]
+fn median_seconds(reps: usize, sync: &dyn Fn(), mut call: impl FnMut()) -> f64 {
+    let mut samples: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                call();
+            }
+            sync();
+            t.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[2]
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore]
@@ -35,27 +69,14 @@ fn perf_cuda() {
                 let a = upload(client, &rand_vec(1, m * k, dt), &[m, k], dt);
                 let b_rows = rand_vec(2, k * n, dt);
                 for transposed in [false, true] {
-                    let b = if transposed {
-                        upload_transposed_view(client, &b_rows, k, n, dt)
-                    } else {
-                        upload(client, &b_rows, &[k, n], dt)
-                    };
+                    let b = upload_rhs(client, &b_rows, k, n, dt, transposed);
                     let out = alloc_dense(client, &[m, n], dt);
                     let run = || matmul(client, a.b(), b.b(), None, out.b(), dt.storage()).unwrap();
                     let path = run();
                     sync();
-                    let reps = if m >= 1024 { 10 } else { 50 };
-                    let mut samples = Vec::new();
-                    for _ in 0..5 {
-                        let t = Instant::now();
-                        for _ in 0..reps {
-                            run();
-                        }
-                        sync();
-                        samples.push(t.elapsed().as_secs_f64() / reps as f64);
-                    }
-                    samples.sort_by(f64::total_cmp);
-                    let s = samples[2];
+                    let s = median_seconds(if m >= 1024 { 10 } else { 50 }, &sync, || {
+                        run();
+                    });
                     eprintln!(
                         "PERF matmul {dt:?} M={m} K={k} N={n} rhs_t={transposed}: {:.3} ms, \
                          {:.1} TFLOP/s ({path})",
@@ -81,11 +102,7 @@ fn perf_cuda() {
                 let a = upload(client, &rand_vec(1, m * k, dt), &[m, k], dt);
                 let b_rows = rand_vec(2, k * n, dt);
                 for transposed in [false, true] {
-                    let b = if transposed {
-                        upload_transposed_view(client, &b_rows, k, n, dt)
-                    } else {
-                        upload(client, &b_rows, &[k, n], dt)
-                    };
+                    let b = upload_rhs(client, &b_rows, k, n, dt, transposed);
                     let pinned = alloc_dense(client, &[m, n], dt);
                     matmul(client, a.b(), b.b(), None, pinned.b(), dt.storage()).unwrap();
                     let want = read_raw(client, &pinned, dt);
@@ -107,17 +124,7 @@ fn perf_cuda() {
                             .zip(&want)
                             .all(|(x, y)| x.to_bits() == y.to_bits());
                         assert!(same, "tiling {tile:?} changed the bits");
-                        let mut samples = Vec::new();
-                        for _ in 0..5 {
-                            let t = Instant::now();
-                            for _ in 0..10 {
-                                run().unwrap();
-                            }
-                            sync();
-                            samples.push(t.elapsed().as_secs_f64() / 10.0);
-                        }
-                        samples.sort_by(f64::total_cmp);
-                        let s = samples[2];
+                        let s = median_seconds(10, &sync, || run().unwrap());
                         eprintln!(
                             "TILE {dt:?} M={m} K={k} N={n} rhs_t={transposed} {bm}x{bn}x{bk} \
                              planes {pm}x{pn} manual={manual}: {:.3} ms, {:.1} TFLOP/s (bits = pinned)",

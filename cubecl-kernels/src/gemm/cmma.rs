@@ -201,19 +201,6 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
     let mut a_regs = Array::<Vector<F, VA>>::new(comptime!(a_outer * a_inner / va / threads));
     let mut b_regs = Array::<Vector<F, VB>>::new(comptime!(b_outer * b_inner / vb / threads));
 
-    // Global coordinates of the operand tiles: (outer origin, outer extent, inner origin, inner
-    // extent, outer stride, inner stride); the K origin moves with the stage.
-    let (a_so, a_si) = if comptime![a_kfast] {
-        (lo.s0 as usize, lo.s1 as usize)
-    } else {
-        (lo.s1 as usize, lo.s0 as usize)
-    };
-    let (b_so, b_si) = if comptime![b_nfast] {
-        (ro.s0 as usize, ro.s1 as usize)
-    } else {
-        (ro.s1 as usize, ro.s0 as usize)
-    };
-
     // Fragments: `cmma` (WMMA) 16×16 matrices, or, on the manual path, per-lane registers of
     // 16×8×16 MMAs (A: 16×16, B: 16×8 in pairs, accumulators 16×8 as two f32 pairs).
     let mma = cmma::MmaDefinition::<F, F, f32>::new(CMMA_FRAG, 8usize, CMMA_FRAG);
@@ -270,32 +257,21 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
 
     let num_stages = k.div_ceil(bk);
     // Prologue: stage 0 into buffer 0.
-    fetch_a::<F, VA>(
+    fetch_stage::<F, VA, VB>(
         lhs,
-        &mut a_regs,
-        lo.offset as usize,
-        a_so,
-        a_si,
-        row0,
-        m,
-        0,
-        k,
-        tid,
-        a_kfast,
-        threads,
-        tile,
-    );
-    fetch_b::<F, VB>(
         rhs,
+        &mut a_regs,
         &mut b_regs,
-        ro.offset as usize,
-        b_so,
-        b_si,
+        &lo,
+        &ro,
+        row0,
         col0,
+        m,
         n,
         0,
         k,
         tid,
+        a_kfast,
         b_nfast,
         threads,
         tile,
@@ -309,32 +285,21 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
         let has_next = stage + 1 < num_stages;
         if has_next {
             let k_next = (stage + 1) * bk;
-            fetch_a::<F, VA>(
+            fetch_stage::<F, VA, VB>(
                 lhs,
-                &mut a_regs,
-                lo.offset as usize,
-                a_so,
-                a_si,
-                row0,
-                m,
-                k_next,
-                k,
-                tid,
-                a_kfast,
-                threads,
-                tile,
-            );
-            fetch_b::<F, VB>(
                 rhs,
+                &mut a_regs,
                 &mut b_regs,
-                ro.offset as usize,
-                b_so,
-                b_si,
+                &lo,
+                &ro,
+                row0,
                 col0,
+                m,
                 n,
                 k_next,
                 k,
                 tid,
+                a_kfast,
                 b_nfast,
                 threads,
                 tile,
@@ -551,10 +516,53 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
     }
 }
 
+/// Both operands' tiles of the stage at K origin `k0` into registers. Each operand is read with
+/// its contiguous dimension as the tile's inner one.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fetch_stage<F: Float, VA: Size, VB: Size>(
+    lhs: &Tensor<Vector<F, VA>>,
+    rhs: &Tensor<Vector<F, VB>>,
+    a_regs: &mut Array<Vector<F, VA>>,
+    b_regs: &mut Array<Vector<F, VB>>,
+    lo: &Operand,
+    ro: &Operand,
+    row0: usize,
+    col0: usize,
+    m: usize,
+    n: usize,
+    k0: usize,
+    k: usize,
+    tid: usize,
+    #[comptime] a_kfast: bool,
+    #[comptime] b_nfast: bool,
+    #[comptime] threads: usize,
+    #[comptime] tile: CmmaTile,
+) {
+    let (a_so, a_si) = if comptime![a_kfast] {
+        (lo.s0 as usize, lo.s1 as usize)
+    } else {
+        (lo.s1 as usize, lo.s0 as usize)
+    };
+    let (b_so, b_si) = if comptime![b_nfast] {
+        (ro.s0 as usize, ro.s1 as usize)
+    } else {
+        (ro.s1 as usize, ro.s0 as usize)
+    };
+    let a_off = lo.offset as usize;
+    let b_off = ro.offset as usize;
+    fetch_a::<F, VA>(
+        lhs, a_regs, a_off, a_so, a_si, row0, m, k0, k, tid, a_kfast, threads, tile,
+    );
+    fetch_b::<F, VB>(
+        rhs, b_regs, b_off, b_so, b_si, col0, n, k0, k, tid, b_nfast, threads, tile,
+    );
+}
+
 /// [`fetch_tile`] for the lhs stage at K origin `k0`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn fetch_a<F: Float, N: Size>(
+fn fetch_a<F: Float, N: Size>(
     lhs: &Tensor<Vector<F, N>>,
     regs: &mut Array<Vector<F, N>>,
     off: usize,
@@ -583,7 +591,7 @@ pub(crate) fn fetch_a<F: Float, N: Size>(
 /// [`fetch_tile`] for the rhs stage at K origin `k0`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn fetch_b<F: Float, N: Size>(
+fn fetch_b<F: Float, N: Size>(
     rhs: &Tensor<Vector<F, N>>,
     regs: &mut Array<Vector<F, N>>,
     off: usize,

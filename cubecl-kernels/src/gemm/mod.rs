@@ -304,6 +304,28 @@ fn cmma_vector<R: Runtime>(
     }
 }
 
+/// The launch scalars of the GEMM kernels: M, K, N in 32 bits, and the bias binding, offset and
+/// stride (the rhs stands in, never read, when there is no bias).
+type BiasArg<'a, R> = (&'a TensorBinding<R>, u32, u32);
+fn gemm_scalars<'a, R: Runtime>(
+    m: usize,
+    k: usize,
+    n: usize,
+    rhs: &Mat<'a, R>,
+    bias: Option<&Vec1<'a, R>>,
+) -> Result<([u32; 3], BiasArg<'a, R>), KernelError> {
+    let dims = [
+        to_u32("lhs", "M", m)?,
+        to_u32("lhs", "K", k)?,
+        to_u32("rhs", "N", n)?,
+    ];
+    let bias = match bias {
+        Some(b) => (b.buf, b.offset, b.stride),
+        None => (rhs.buf, 0, 0),
+    };
+    Ok((dims, bias))
+}
+
 /// Launch the cmma kernel on explicit layouts (shapes already validated by the caller; f16/bf16).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_cmma<R: Runtime>(
@@ -323,13 +345,7 @@ pub(crate) fn launch_cmma<R: Runtime>(
         return Ok(());
     }
     let (gx, gy) = check_grid(client, "out", m.div_ceil(tile.bm), n.div_ceil(tile.bn))?;
-    let m32 = to_u32("lhs", "M", m)?;
-    let k32 = to_u32("lhs", "K", k)?;
-    let n32 = to_u32("rhs", "N", n)?;
-    let (bias_buf, bias_off, bias_stride) = match bias {
-        Some(b) => (b.buf, b.offset, b.stride),
-        None => (rhs.buf, 0, 0),
-    };
+    let ([m32, k32, n32], (bias_buf, bias_off, bias_stride)) = gemm_scalars(m, k, n, rhs, bias)?;
     let elem = lhs.dtype.size();
     // Each operand is staged with its smaller stride as the contiguous dimension.
     let a_kfast = lhs.s1 <= lhs.s0;
@@ -401,13 +417,7 @@ pub(crate) fn launch_fma<R: Runtime>(
         return Ok(());
     }
     let (gx, gy) = check_grid(client, "out", m.div_ceil(FMA_BM), n.div_ceil(FMA_BN))?;
-    let m32 = to_u32("lhs", "M", m)?;
-    let k32 = to_u32("lhs", "K", k)?;
-    let n32 = to_u32("rhs", "N", n)?;
-    let (bias_buf, bias_off, bias_stride) = match bias {
-        Some(b) => (b.buf, b.offset, b.stride),
-        None => (rhs.buf, 0, 0),
-    };
+    let ([m32, k32, n32], (bias_buf, bias_off, bias_stride)) = gemm_scalars(m, k, n, rhs, bias)?;
     unsafe {
         fma::gemm_fma_kernel::launch_unchecked::<R>(
             client,
