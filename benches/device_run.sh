@@ -7,20 +7,21 @@ cd .gpu && for f in *.xz; do xz -d -f "$f"; done && chmod +x gpu gpu_report lm_h
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}
-if [[ $MODE == all || $MODE == tests ]]; then
+MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, example
+has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
+if has tests; then
   step tests_default 200 .gpu/gpu cuda:: --test-threads=1
   BURN_INVARIANT_IMPL=cubecl step tests_cubecl 200 .gpu/gpu cuda:: --test-threads=1
 fi
-if [[ $MODE == all || $MODE == sanitize ]]; then
+if has sanitize; then
   step memcheck 150 compute-sanitizer --tool memcheck .gpu/gpu cuda::raw::matmul_correctness_fixed_shapes cuda::raw::linear_logp_gradients_vs_f64 --test-threads=1
   step racecheck 150 compute-sanitizer --tool racecheck .gpu/gpu cuda::raw::linear_logp_correctness_fixed_shapes --test-threads=1
 fi
-if [[ $MODE == all || $MODE == bench ]]; then
+if has bench; then
   step report 300 .gpu/gpu_report
   step cublas 120 python3 benches/cublas_reference.py
   python3 benches/compare.py "$OUT/report.log" "$OUT/cublas.log" > "$OUT/table.md"; cat "$OUT/table.md"
 fi
-if [[ $MODE == all || $MODE == example ]]; then
+if has example; then
   step example 120 .gpu/lm_head; tail -6 "$OUT/example.log"
 fi

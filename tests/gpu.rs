@@ -35,6 +35,7 @@ fn probe<D: Clone + Send + Sync + 'static>(
 /// (NdArray, `f32::mul_add` chains), with and without bias, on shapes that are no multiple of any
 /// tile. On lavapipe this runs the emulated once-rounded `fma` (its `fma` rounds twice).
 fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::Device) {
+    use burn_invariant::InvariantBackend;
     type Reference = burn_ndarray::NdArray<f32>;
     let cpu = Default::default();
     let dtype = burn::tensor::DType::F32;
@@ -46,9 +47,19 @@ fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::
         let got = common::bits(common::matmul(&common::gemm_problem::<B>(
             device, dtype, shape, with_bias, seed,
         )));
-        let want = common::bits(common::matmul(&common::gemm_problem::<Reference>(
-            &cpu, dtype, shape, with_bias, seed,
-        )));
+        // The oracle named explicitly, whatever `BURN_INVARIANT_IMPL` forces for the device.
+        let p = common::gemm_problem::<Reference>(&cpu, dtype, shape, with_bias, seed);
+        let prim = |t: burn::tensor::Tensor<Reference, 2>| t.into_primitive().tensor();
+        let want = common::bits(burn::tensor::Tensor::<Reference, 2>::from_primitive(
+            burn::tensor::TensorPrimitive::Float(
+                <Reference as InvariantBackend>::invariant_matmul(
+                    prim(p.lhs.clone()),
+                    prim(p.rhs.clone()),
+                    p.bias.clone().map(|b| b.into_primitive().tensor()),
+                    burn_invariant::registry::Implementation::Reference,
+                ),
+            ),
+        ));
         common::assert_bits_eq(&format!("f32 matmul {shape:?} vs Reference"), &got, &want);
     }
 }

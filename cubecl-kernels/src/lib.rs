@@ -25,8 +25,10 @@
 //! * **CMMA path** ([`GemmPath::Cmma`], f16/bf16 where the runtime advertises a 16×16×16
 //!   `x·x→f32` cooperative matrix, e.g. CUDA sm ≥ 70): tensor-core fragments with f32
 //!   accumulators, block 128×128 of 8 planes, K staged 32 deep in ascending order through
-//!   double-buffered shared memory, bias added in f32, one rounding. Each output element is the
-//!   same sequence of 16-deep MMA steps whatever the operand layouts, load widths or tiling.
+//!   double-buffered shared memory, bias added in f32, one rounding. On CUDA the fragments go
+//!   through `ldmatrix` and `mma.sync` 16×8×16 by hand ([`gemm::manual_mma_supported`]),
+//!   elsewhere through WMMA-style `cmma`. Each output element is the same sequence of 16-deep MMA
+//!   steps whatever the operand layouts, load widths, tiling or fragment API (tested bitwise).
 //!   Bits may differ from the FMA path; deterministic and row-invariant.
 //! * **Row invariance**: `out[i,:]` depends only on `lhs[i,:]`, `rhs`, `bias`. The kernel, tile
 //!   and K order are functions of (dtype, device capabilities) only ([`matmul_path`]) — never of
