@@ -12,10 +12,15 @@
 //! `VA` / `VB`-element vectors where the host found the operand contiguous and aligned, else
 //! scalars; the vector width only changes how bytes travel, never the arithmetic.
 //!
+//! Fragments: on CUDA ([`super::manual_mma_supported`]) each plane loads its operands with
+//! `ldmatrix` (transposed where the operand is staged the other way round) and issues
+//! `mma.sync` 16×8×16 on per-lane registers; elsewhere it uses WMMA-style `cmma` 16×16×16
+//! fragments. A 16×16×16 step is two 16×8×16 steps either way, so both give the same bits.
+//!
 //! Positions outside [M)×[K) / [K)×[N) are staged as zeros, which only ever meet other zeros or
 //! in-range values of the same output element, so the padding depends on K and N, never on M. The
-//! epilogue passes each fragment through a per-plane f32 scratch, adds the bias in f32 and rounds
-//! once to the output dtype.
+//! epilogue adds the bias in f32 and rounds once to the output dtype: from the lanes' registers
+//! on the manual path, through a per-plane f32 scratch on the `cmma` path.
 
 use crate::consts::{CMMA_FRAG, CMMA_PAD};
 use crate::gemm::fma::Operand;

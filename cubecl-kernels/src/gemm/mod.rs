@@ -178,14 +178,14 @@ pub fn fma_mode<R: Runtime>(client: &ComputeClient<R>) -> FmaMode {
     let x = 1.0f32 + 2f32.powi(-12);
     let exact = 2f32.powi(-11) + 2f32.powi(-24);
     let input = client.create_from_slice(f32::as_bytes(&[x, x, -1.0]));
-    let output = client.empty(2 * 4);
+    let output = client.empty(4);
     unsafe {
         fma::fma_probe_kernel::launch::<R>(
             client,
             CubeCount::Static(1, 1, 1),
             CubeDim::new_1d(1),
             ArrayArg::from_raw_parts(input, 3),
-            ArrayArg::from_raw_parts(output.clone(), 2),
+            ArrayArg::from_raw_parts(output.clone(), 1),
         )
     };
     let fused = client
