@@ -46,6 +46,15 @@ fn gpus() -> usize {
     count
 }
 
+/// Whether `needed` GPUs are visible; a notice when they are not.
+fn have_gpus(needed: usize) -> bool {
+    let gpus = gpus();
+    if gpus < needed {
+        eprintln!("NOTICE: needs {needed} GPUs, {gpus} visible: skipped");
+    }
+    gpus >= needed
+}
+
 /// Runs `f(rank)` on one thread per rank; results in rank order, bounded by the watchdog.
 fn on_ranks<T: Send + 'static>(
     world: usize,
@@ -257,9 +266,7 @@ fn nccl_tp_matches_the_single_rank_api() {
 #[test]
 #[serial]
 fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
-    let gpus = gpus();
-    if gpus < 2 {
-        eprintln!("NOTICE: needs 2 GPUs, {gpus} visible: skipped");
+    if !have_gpus(2) {
         return;
     }
     let world = 2;
@@ -319,9 +326,7 @@ fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
 #[test]
 #[serial]
 fn a_missing_rank_fails_in_bounded_time() {
-    let gpus = gpus();
-    if gpus < 2 {
-        eprintln!("NOTICE: needs 2 GPUs, {gpus} visible: skipped");
+    if !have_gpus(2) {
         return;
     }
     let timeout = Duration::from_secs(3);
@@ -380,9 +385,7 @@ fn a_missing_rank_fails_in_bounded_time() {
 #[serial]
 fn a_tensor_exchange_without_its_peer_gives_nan_then_an_error() {
     use burn_invariant::tp::Collective;
-    let gpus = gpus();
-    if gpus < 2 {
-        eprintln!("NOTICE: needs 2 GPUs, {gpus} visible: skipped");
+    if !have_gpus(2) {
         return;
     }
     let timeout = Duration::from_secs(3);

@@ -192,6 +192,17 @@ impl Params {
         self.0[offset / 8] = value;
         self
     }
+
+    /// The 24 bytes both linear_logp structs start with (`LogpFwdParams`, and the head of
+    /// `LogpBwdParams`): rows, vocab columns, hidden size, flags, ignore index.
+    fn logp(rows: usize, cols: usize, d: usize, flags: u32, ignore_index: Option<i64>) -> Self {
+        Self::new()
+            .u32_at(0, rows as u32)
+            .u32_at(4, cols as u32)
+            .u32_at(8, d as u32)
+            .u32_at(12, flags)
+            .u64_at(16, ignore_index.unwrap_or(0) as u64)
+    }
 }
 
 /// Kernel parameters in cubecl's order: the maps, their buffers, `buffers`, then `params`.
@@ -582,14 +593,7 @@ pub(crate) fn linear_logp(
     let (h, w) = (Operand::new(hidden), Operand::new(weight));
     let flags =
         bias.as_ref().map_or(0, |_| LOGP_HAS_BIAS) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE);
-    let params = || {
-        Params::new()
-            .u32_at(0, n as u32)
-            .u32_at(4, v as u32)
-            .u32_at(8, d as u32)
-            .u32_at(12, flags)
-            .u64_at(16, ignore_index.unwrap_or(0) as u64)
-    };
+    let params = || Params::logp(n, v, d, flags, ignore_index);
     let outputs = || {
         vec![
             targets.handle.clone().binding(),
@@ -716,12 +720,7 @@ pub(crate) fn linear_logp_backward(
                 );
             }
             let params = || {
-                Params::new()
-                    .u32_at(0, tw as u32)
-                    .u32_at(4, vw as u32)
-                    .u32_at(8, d as u32)
-                    .u32_at(12, flags)
-                    .u64_at(16, ignore_index.unwrap_or(0) as u64)
+                Params::logp(tw, vw, d, flags, ignore_index)
                     .u32_at(24, t0 as u32)
                     .u32_at(28, v0 as u32)
                     .u32_at(32, VOCAB_CHUNK as u32)

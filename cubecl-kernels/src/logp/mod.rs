@@ -387,6 +387,7 @@ pub fn linear_logp_backward<R: Runtime>(
         _ => (inputs.weight, 0),
     };
 
+    let emulate_fma = fma_mode(client) == FmaMode::Emulated;
     let mut rs = 0usize;
     while rs < c.n {
         let rh = rows_c.min(c.n - rs);
@@ -430,7 +431,7 @@ pub fn linear_logp_backward<R: Runtime>(
                     ignore_scalar(&c),
                     has_bias,
                     c.ignore.is_some(),
-                    fma_mode(client) == FmaMode::Emulated,
+                    emulate_fma,
                     [f, i],
                 );
             }
