@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """cuBLAS (through PyTorch) side of the GPU report: the same shapes as benches/gpu_report.rs, printed as
-RESULT lines with impl=cuBLAS. Timing: CUDA events, warm-up, median of repetitions of a batch of calls,
+RESULT lines with impl=cuBLAS. Timing: CUDA events, 200 ms of warm-up, median of repetitions of a batch of calls,
 random data, TF32 off. For linear_logp the reference is one [N,D]x[D,V] GEMM (four for forward+backward),
 with V rounded up to a multiple of 128 (SPEC section 8: cuBLAS takes a slow path at V=50257)."""
+import time
+
 import torch
 
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -10,8 +12,11 @@ PROJECTIONS = [(4096, 12288), (4096, 4096), (4096, 14336), (14336, 4096), (4096,
 
 
 def median_ms(fn, batch, reps=7):
-    fn()
-    torch.cuda.synchronize()
+    # At least 200 ms of warm-up calls, so the GPU clocks have left their idle state.
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.2:
+        fn()
+        torch.cuda.synchronize()
     out = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

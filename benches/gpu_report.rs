@@ -28,10 +28,14 @@ const PROJECTIONS: [(usize, usize); 5] = [
 ];
 const VOCABS: [usize; 3] = [32768, 50257, 131072];
 
-/// Median seconds per call of `f` (each repetition: `batch` calls, then a device sync).
+/// Median seconds per call of `f` (each repetition: `batch` calls, then a device sync), after
+/// at least 200 ms of warm-up calls so the GPU clocks have left their idle state.
 fn time<Bk: Backend>(device: &Bk::Device, batch: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    Bk::sync(device).expect("sync");
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() < 0.2 {
+        f();
+        Bk::sync(device).expect("sync");
+    }
     let mut samples: Vec<f64> = (0..reps)
         .map(|_| {
             let start = Instant::now();

@@ -19,14 +19,33 @@ pub const FMA_THREADS: usize = 16;
 /// FMA GEMM: micro-tile edge per unit (`FMA_BM / FMA_THREADS`).
 pub const FMA_MICRO: usize = 4;
 
-/// CMMA GEMM: the pinned tiling: 128×128 output block per cube, 8 planes in a 2×4 arrangement
-/// (each owns 64×32 = 4×2 fragments), K staged 32 deep (two MMA steps per stage).
+/// CMMA GEMM, register-pipelined kernel (every runtime with cooperative matrices, and CUDA where
+/// an operand is not 16-byte aligned): 128×128 output block per cube, 8 planes in a 2×4
+/// arrangement (each owns 64×32 = 4×2 fragments), K staged 32 deep (two MMA steps per stage),
+/// two stages (`stages` is the ring depth of the `cp.async` kernel only).
 pub const CMMA_TILE: CmmaTile = CmmaTile {
     bm: 128,
     bn: 128,
     bk: 32,
     pm: 2,
     pn: 4,
+    stages: 2,
+    lag: 1,
+};
+/// CMMA GEMM, `cp.async` kernel (CUDA, both operands 16-byte vectors): 256×128 output block per
+/// cube, 8 planes in a 4×2 arrangement (each owns 64×64 = 4×8 16×8 fragments), K staged 64 deep,
+/// a ring of 4 stages (221 KiB of shared memory: one cube per H100 SM) refilled with lag 2 (planes
+/// release slots through barriers instead of meeting at a cube barrier every stage). The fastest
+/// of the tilings swept on an H100 (`benches/results/cubecl-h100.md`); all give the same bits.
+/// Devices with less shared memory run the register-pipelined kernel instead.
+pub const CMMA_ASYNC_TILE: CmmaTile = CmmaTile {
+    bm: 256,
+    bn: 128,
+    bk: 64,
+    pm: 4,
+    pn: 2,
+    stages: 4,
+    lag: 2,
 };
 /// CMMA GEMM: the pinned fragment shape m×n×k (f16/bf16 inputs, f32 accumulator).
 pub const CMMA_FRAG: usize = 16;

@@ -246,6 +246,77 @@ fn layouts_and_load_widths<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     );
 }
 
+/// Where the `cp.async` ring runs (dense, aligned operands on CUDA), every ring depth gives the
+/// register-pipelined kernel's bits (row-padded lhs: scalar loads through registers), for K that
+/// fills fewer stages than the ring, exactly one ring, and several laps with a partial last stage.
+fn ring_depths<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
+    let Ok(GemmPath::Cmma {
+        manual_mma: true,
+        async_tile,
+        ..
+    }) = matmul_path(client, dt.storage(), 64, 64)
+    else {
+        return;
+    };
+    let pinned = async_tile.expect("CUDA runs the cp.async ring");
+    let (m, n) = (200usize, 264usize);
+    for k in [8usize, 24, 96, 136, 200] {
+        let a = rand_vec(51 + k as u64, m * k, dt);
+        let b = rand_vec(52 + k as u64, k * n, dt);
+        let lhs = upload(client, &a, &[m, k], dt);
+        let rhs = upload(client, &b, &[k, n], dt);
+        let padded = upload_row_padded(client, &a, m, k, k + 3, dt);
+        let reg_out = alloc_dense(client, &[m, n], dt);
+        matmul(client, padded.b(), rhs.b(), None, reg_out.b(), dt.storage()).unwrap();
+        let want = bits(&read_2d(client, &reg_out, dt, m, n));
+        let (exact, mag) = gemm_f64(&a, &b, None, m, k, n);
+        assert_close(
+            &format!("{dt:?} K={k} registers"),
+            &read_2d(client, &reg_out, dt, m, n),
+            &exact,
+            &mag,
+            dt,
+            k,
+        );
+        let rings = [
+            (2usize, 1usize),
+            (3, 1),
+            (4, 1),
+            (5, 1),
+            (3, 2),
+            (4, 2),
+            (5, 2),
+        ]
+        .map(|(stages, lag)| burn_invariant_cubecl::gemm::CmmaTile {
+            stages,
+            lag,
+            ..burn_invariant_cubecl::consts::CMMA_TILE
+        });
+        for tile in rings.into_iter().chain([pinned]) {
+            let out = alloc_dense(client, &[m, n], dt);
+            burn_invariant_cubecl::gemm::matmul_cmma_tiled(
+                client,
+                lhs.b(),
+                rhs.b(),
+                out.b(),
+                dt.storage(),
+                tile,
+                true,
+            )
+            .unwrap();
+            assert_eq!(
+                bits(&read_2d(client, &out, dt, m, n)),
+                want,
+                "{dt:?} K={k}: cp.async {tile:?} vs registers"
+            );
+        }
+    }
+    eprintln!(
+        "[{}] gemm {dt:?} cp.async rings of 2-5 stages, lag 1 and 2, and the pinned ring == register pipeline, 5 K: PASS",
+        runtime_name(client)
+    );
+}
+
 /// The once-rounded `fma` emulation vs the CPU `f32::mul_add`, bit for bit, on random triples and
 /// on the hard cases (cancellation to a few bits, products that are exact ties, signed zeros,
 /// infinities; the emulation's documented domain).
@@ -523,6 +594,7 @@ fn suite<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
         row_invariance(client, dt);
         strided_layouts(client, dt);
         layouts_and_load_widths(client, dt);
+        ring_depths(client, dt);
         row_reduction(client, dt);
         col_sum_check(client, dt);
     }

@@ -88,17 +88,19 @@ fn perf_cuda() {
         }
         // Candidate cmma tilings (tuning only: every tiling must give the pinned tiling's bits).
         let tiles = [
-            (128usize, 128usize, 32usize, 2usize, 4usize),
-            (128, 128, 32, 4, 2),
-            (128, 64, 32, 2, 2),
-            (64, 128, 32, 2, 2),
-            (64, 128, 32, 1, 4),
-            (64, 64, 32, 2, 2),
-            (256, 128, 32, 4, 4),
-            (128, 256, 32, 2, 8),
+            (128usize, 128usize, 64usize, 2usize, 2usize, 3usize, 1usize),
+            (128, 128, 64, 2, 2, 3, 2),
+            (128, 128, 64, 2, 2, 4, 2),
+            (128, 128, 32, 2, 2, 5, 2),
+            (128, 128, 32, 2, 4, 5, 2),
+            (128, 256, 64, 2, 4, 3, 1),
+            (128, 256, 64, 2, 4, 4, 2),
+            (128, 256, 32, 2, 4, 6, 2),
+            (256, 128, 32, 4, 2, 6, 2),
+            (256, 128, 64, 4, 2, 4, 2),
         ];
         for &dt in &[Dt::BF16] {
-            for &(m, k, n) in &[shapes[0], shapes[3]] {
+            for &(m, k, n) in &[shapes[0], shapes[3], shapes[4]] {
                 let a = upload(client, &rand_vec(1, m * k, dt), &[m, k], dt);
                 let b_rows = rand_vec(2, k * n, dt);
                 for transposed in [false, true] {
@@ -106,8 +108,18 @@ fn perf_cuda() {
                     let pinned = alloc_dense(client, &[m, n], dt);
                     matmul(client, a.b(), b.b(), None, pinned.b(), dt.storage()).unwrap();
                     let want = read_raw(client, &pinned, dt);
-                    for (&(bm, bn, bk, pm, pn), manual) in tiles.iter().map(|t| (t, true)) {
-                        let tile = CmmaTile { bm, bn, bk, pm, pn };
+                    for (&(bm, bn, bk, pm, pn, stages, lag), manual) in
+                        tiles.iter().map(|t| (t, true))
+                    {
+                        let tile = CmmaTile {
+                            bm,
+                            bn,
+                            bk,
+                            pm,
+                            pn,
+                            stages,
+                            lag,
+                        };
                         let out = alloc_dense(client, &[m, n], dt);
                         let run = || {
                             let (a, b, o) = (a.b(), b.b(), out.b());
@@ -125,7 +137,7 @@ fn perf_cuda() {
                         let s = median_seconds(10, &sync, || run().unwrap());
                         eprintln!(
                             "TILE {dt:?} M={m} K={k} N={n} rhs_t={transposed} {bm}x{bn}x{bk} \
-                             planes {pm}x{pn} manual={manual}: {:.3} ms, {:.1} TFLOP/s (bits = pinned)",
+                             planes {pm}x{pn} stages={stages} lag={lag} manual={manual}: {:.3} ms, {:.1} TFLOP/s (bits = pinned)",
                             s * 1e3,
                             2.0 * (m * k * n) as f64 / s / 1e12
                         );

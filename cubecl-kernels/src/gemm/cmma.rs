@@ -6,7 +6,9 @@
 //!
 //! Pipelining: the shared-memory stages are double-buffered and the next stage's global loads are
 //! issued into registers before the current stage's MMAs, so global latency overlaps the tensor
-//! cores with one cube barrier per stage. Each operand is staged in its own memory orientation
+//! cores with one cube barrier per stage. (On CUDA, where both operands are 16-byte vectors,
+//! [`super::cmma_async`] runs instead: a `cp.async` ring with its own pinned tiling,
+//! [`crate::consts::CMMA_ASYNC_TILE`], and this module's fragment code and epilogue.) Each operand is staged in its own memory orientation
 //! (the contiguous dimension stays contiguous in shared memory, rows padded by 8 elements against
 //! bank conflicts) and the fragments are loaded row- or column-major to match. Global loads use
 //! `VA` / `VB`-element vectors where the host found the operand contiguous and aligned, else
@@ -22,6 +24,7 @@
 //! epilogue adds the bias in f32 and rounds once to the output dtype: from the lanes' registers
 //! on the manual path, through a per-plane f32 scratch on the `cmma` path.
 
+use super::cmma_async::gemm_ring;
 use crate::consts::{CMMA_FRAG, CMMA_PAD};
 use crate::gemm::fma::Operand;
 use cubecl::prelude::*;
@@ -41,6 +44,13 @@ pub struct CmmaTile {
     pub pm: usize,
     /// Planes along N.
     pub pn: usize,
+    /// Shared-memory stages in the ring of the `cp.async` pipeline (CUDA, 16-byte aligned
+    /// operands); elsewhere the kernel double-buffers through registers.
+    pub stages: usize,
+    /// `cp.async` ring: the slot refilled while stage `j` runs is the one stage `j - lag` used.
+    /// 1: after a cube barrier; 2 (needs `stages ≥ 3`): after that slot's release barrier, so
+    /// planes drift apart by up to a stage instead of meeting at a cube barrier every stage.
+    pub lag: usize,
 }
 
 impl CmmaTile {
@@ -64,11 +74,44 @@ impl CmmaTile {
             && (f * f).is_multiple_of(plane_size)
     }
 
-    /// Shared memory the kernel uses, in bytes, for `elem_size`-byte operands.
+    /// Elements of one shared stage of the lhs tile, staged K-contiguous or M-contiguous.
+    pub const fn a_stage_len(&self, a_kfast: bool) -> usize {
+        if a_kfast {
+            stage_len(self.bm, self.bk)
+        } else {
+            stage_len(self.bk, self.bm)
+        }
+    }
+
+    /// Elements of one shared stage of the rhs tile, staged N-contiguous or K-contiguous.
+    pub const fn b_stage_len(&self, b_nfast: bool) -> usize {
+        if b_nfast {
+            stage_len(self.bk, self.bn)
+        } else {
+            stage_len(self.bn, self.bk)
+        }
+    }
+
+    /// Shared memory the register-pipelined kernel uses, in bytes, for `elem_size`-byte operands
+    /// (two stages per operand, in the larger orientation, plus the `cmma` epilogue scratch).
     pub fn shared_bytes(&self, elem_size: usize) -> usize {
-        let a = 2 * stage_len(self.bm, self.bk).max(stage_len(self.bk, self.bm));
-        let b = 2 * stage_len(self.bk, self.bn).max(stage_len(self.bn, self.bk));
+        let a = 2 * self.a_stage_len(true).max(self.a_stage_len(false));
+        let b = 2 * self.b_stage_len(true).max(self.b_stage_len(false));
         (a + b) * elem_size + self.planes() * CMMA_FRAG * CMMA_FRAG * 4
+    }
+
+    /// Shared memory the `cp.async` kernel uses, in bytes (the ring of stages; the barriers
+    /// take 8 bytes each, counted generously).
+    pub fn async_shared_bytes(&self, elem_size: usize) -> usize {
+        let a = self.a_stage_len(true).max(self.a_stage_len(false));
+        let b = self.b_stage_len(true).max(self.b_stage_len(false));
+        self.stages * (a + b) * elem_size + 16 * self.stages
+    }
+
+    /// Whether the `cp.async` ring is well formed: at least two stages and a lag that leaves a
+    /// stage in flight.
+    pub fn ring_is_valid(&self) -> bool {
+        self.stages >= 2 && self.lag >= 1 && self.lag < self.stages && self.lag <= 2
     }
 }
 
@@ -158,7 +201,75 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
     #[comptime] threads: usize,
     #[comptime] tile: CmmaTile,
     #[comptime] manual: bool,
+    #[comptime] ring: bool,
     #[define(F)] _dtype: StorageType,
+) {
+    if comptime![ring] {
+        gemm_ring::<F, VA, VB>(
+            lhs,
+            &lo,
+            rhs,
+            &ro,
+            bias,
+            bias_off,
+            bias_stride,
+            out,
+            &oo,
+            m,
+            k,
+            n,
+            has_bias,
+            a_kfast,
+            b_nfast,
+            threads,
+            tile,
+        );
+    } else {
+        gemm_registers::<F, VA, VB>(
+            lhs,
+            &lo,
+            rhs,
+            &ro,
+            bias,
+            bias_off,
+            bias_stride,
+            out,
+            &oo,
+            m,
+            k,
+            n,
+            has_bias,
+            a_kfast,
+            b_nfast,
+            threads,
+            tile,
+            manual,
+        );
+    }
+}
+
+/// The register-pipelined body of [`gemm_cmma_kernel`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gemm_registers<F: Float, VA: Size, VB: Size>(
+    lhs: &Tensor<Vector<F, VA>>,
+    lo: &Operand,
+    rhs: &Tensor<Vector<F, VB>>,
+    ro: &Operand,
+    bias: &Tensor<F>,
+    bias_off: u32,
+    bias_stride: u32,
+    out: &mut Tensor<F>,
+    oo: &Operand,
+    m: u32,
+    k: u32,
+    n: u32,
+    #[comptime] has_bias: bool,
+    #[comptime] a_kfast: bool,
+    #[comptime] b_nfast: bool,
+    #[comptime] threads: usize,
+    #[comptime] tile: CmmaTile,
+    #[comptime] manual: bool,
 ) {
     let bm = comptime!(tile.bm);
     let bn = comptime!(tile.bn);
@@ -208,21 +319,11 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
 
     // Fragments: `cmma` (WMMA) 16×16 matrices, or, on the manual path, per-lane registers of
     // 16×8×16 MMAs (A: 16×16, B: 16×8 in pairs, accumulators 16×8 as two f32 pairs).
-    let mma = cmma::MmaDefinition::<F, F, f32>::new(CMMA_FRAG, 8usize, CMMA_FRAG);
-    let n8 = comptime!(plane_n / 8);
     let mut accs = Sequence::<cmma::Matrix<f32>>::new();
     let mut a_frags = Sequence::<cmma::Matrix<F>>::new();
     let mut b_frags = Sequence::<cmma::Matrix<F>>::new();
-    let mut regs_c = Sequence::<Array<Vector<f32, Const<2>>>>::new();
-    if comptime![manual] {
-        #[unroll]
-        for _ in 0..comptime!(frags_m * n8) {
-            let mut c = Array::<Vector<f32, Const<2>>>::new(2usize);
-            c[0] = Vector::new(0.0f32);
-            c[1] = Vector::new(0.0f32);
-            regs_c.push(c);
-        }
-    } else {
+    let mut regs_c = zero_manual_accumulators(tile, manual);
+    if comptime![!manual] {
         #[unroll]
         for _ in 0..comptime!(frags_m * frags_n) {
             accs.push(cmma::Matrix::<f32>::from_value(
@@ -267,8 +368,8 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
         rhs,
         &mut a_regs,
         &mut b_regs,
-        &lo,
-        &ro,
+        lo,
+        ro,
         row0,
         col0,
         m,
@@ -295,8 +396,8 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
                 rhs,
                 &mut a_regs,
                 &mut b_regs,
-                &lo,
-                &ro,
+                lo,
+                ro,
                 row0,
                 col0,
                 m,
@@ -313,69 +414,18 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
         let a_base = cur * a_stage;
         let b_base = cur * b_stage;
         if comptime![manual] {
-            // ldmatrix: lane l addresses row `l % 8` of 8×8 matrix `l / 8`; matrices 0..3 are
-            // (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) of a
-            // 16×16 A tile and (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
-            // of two 16×8 B tiles. Operands staged the other way round load transposed.
-            let lane = UNIT_POS_X as usize;
-            let quad = lane / 8;
-            let within = lane % 8;
-            #[unroll]
-            for s in 0..comptime!(bk / CMMA_FRAG) {
-                let kk = s * CMMA_FRAG;
-                let mut regs_a = Sequence::<Array<Vector<F, Const<2>>>>::new();
-                #[unroll]
-                for i in 0..frags_m {
-                    let r = prow + i * CMMA_FRAG;
-                    let e = if comptime![a_kfast] {
-                        (r + (quad % 2) * 8 + within) * a_pitch + kk + (quad / 2) * 8
-                    } else {
-                        (kk + (quad / 2) * 8 + within) * a_pitch + r + (quad % 2) * 8
-                    };
-                    let start = a_base + e / va;
-                    regs_a.push(mma.load_matrix::<Vector<F, VA>, Const<2>>(
-                        &a_s.slice(start, start + comptime!(8 / va)),
-                        cmma::MatrixIdent::A,
-                        4usize,
-                        comptime!(!a_kfast),
-                    ));
-                }
-                #[unroll]
-                for j in 0..comptime!(n8 / 2) {
-                    let c = pcol + j * CMMA_FRAG;
-                    let e = if comptime![b_nfast] {
-                        (kk + (quad % 2) * 8 + within) * b_pitch + c + (quad / 2) * 8
-                    } else {
-                        (c + (quad / 2) * 8 + within) * b_pitch + kk + (quad % 2) * 8
-                    };
-                    let start = b_base + e / vb;
-                    let pair = mma.load_matrix::<Vector<F, VB>, Const<2>>(
-                        &b_s.slice(start, start + comptime!(8 / vb)),
-                        cmma::MatrixIdent::B,
-                        4usize,
-                        b_nfast,
-                    );
-                    let mut b_lo = Array::<Vector<F, Const<2>>>::new(2usize);
-                    b_lo[0] = pair[0];
-                    b_lo[1] = pair[1];
-                    let mut b_hi = Array::<Vector<F, Const<2>>>::new(2usize);
-                    b_hi[0] = pair[2];
-                    b_hi[1] = pair[3];
-                    #[unroll]
-                    for i in 0..frags_m {
-                        mma.execute_inplace(
-                            regs_a.index(i),
-                            &b_lo,
-                            regs_c.index_mut(comptime!(i * n8 + 2 * j)),
-                        );
-                        mma.execute_inplace(
-                            regs_a.index(i),
-                            &b_hi,
-                            regs_c.index_mut(comptime!(i * n8 + 2 * j + 1)),
-                        );
-                    }
-                }
-            }
+            mma_stage_manual::<F, VA, VB>(
+                &a_s,
+                &b_s,
+                a_base,
+                b_base,
+                &mut regs_c,
+                prow,
+                pcol,
+                a_kfast,
+                b_nfast,
+                tile,
+            );
         } else {
             #[unroll]
             for s in 0..comptime!(bk / CMMA_FRAG) {
@@ -461,34 +511,20 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
     let scratch = plane * CMMA_FRAG * CMMA_FRAG;
     let per_lane = comptime!(CMMA_FRAG * CMMA_FRAG) / plane_dim;
     if comptime![manual] {
-        // Lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, columns 2t and 2t + 1.
-        let g = lane / 4;
-        let t = lane % 4;
-        #[unroll]
-        for i in 0..frags_m {
-            #[unroll]
-            for j in 0..n8 {
-                let regs = regs_c.index(comptime!(i * n8 + j));
-                #[unroll]
-                for h in 0..2usize {
-                    let row = row0 + prow + i * CMMA_FRAG + g + h * 8;
-                    let pair = regs[h];
-                    #[unroll]
-                    for q in 0..2usize {
-                        let col = col0 + pcol + j * 8 + 2 * t + q;
-                        if row < m && col < n {
-                            let mut v = pair[q];
-                            if comptime![has_bias] {
-                                v += f32::cast_from(
-                                    bias[bias_off as usize + col * bias_stride as usize],
-                                );
-                            }
-                            out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
-                        }
-                    }
-                }
-            }
-        }
+        store_manual::<F>(
+            &regs_c,
+            bias,
+            bias_off,
+            bias_stride,
+            out,
+            oo,
+            row0 + prow,
+            col0 + pcol,
+            m,
+            n,
+            has_bias,
+            tile,
+        );
     } else {
         #[unroll]
         for i in 0..frags_m {
@@ -619,5 +655,175 @@ fn fetch_b<F: Float, N: Size>(
         fetch_tile::<F, N>(
             rhs, regs, off, so, si, col0, n, k0, k, tid, tile.bn, tile.bk, threads,
         );
+    }
+}
+
+/// The accumulators of the manual path: per 16×8 fragment, two f32 pairs per lane, zeroed
+/// (none where the kernel is not on the manual path).
+#[cube]
+pub(crate) fn zero_manual_accumulators(
+    #[comptime] tile: CmmaTile,
+    #[comptime] manual: bool,
+) -> Sequence<Array<Vector<f32, Const<2>>>> {
+    let mut regs_c = Sequence::<Array<Vector<f32, Const<2>>>>::new();
+    let count = comptime!(if manual {
+        tile.bm / tile.pm / CMMA_FRAG * (tile.bn / tile.pn / 8)
+    } else {
+        0
+    });
+    #[unroll]
+    for _ in 0..count {
+        let mut c = Array::<Vector<f32, Const<2>>>::new(2usize);
+        c[0] = Vector::new(0.0f32);
+        c[1] = Vector::new(0.0f32);
+        regs_c.push(c);
+    }
+    regs_c
+}
+
+/// One staged K block through this plane's fragments on the manual path: `ldmatrix` (transposed
+/// where the operand is staged the other way round) and `mma.sync` 16×8×16, 16-deep steps in
+/// ascending K. The stages start at `a_base` / `b_base` (in vectors).
+///
+/// ldmatrix: lane l addresses row `l % 8` of 8×8 matrix `l / 8`; matrices 0..3 are (rows 0-7,
+/// k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15) of a 16×16 A tile and
+/// (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of two 16×8 B tiles.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mma_stage_manual<F: Float, VA: Size, VB: Size>(
+    a_s: &SharedMemory<Vector<F, VA>>,
+    b_s: &SharedMemory<Vector<F, VB>>,
+    a_base: usize,
+    b_base: usize,
+    regs_c: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    prow: usize,
+    pcol: usize,
+    #[comptime] a_kfast: bool,
+    #[comptime] b_nfast: bool,
+    #[comptime] tile: CmmaTile,
+) {
+    let mma = cmma::MmaDefinition::<F, F, f32>::new(CMMA_FRAG, 8usize, CMMA_FRAG);
+    let frags_m = comptime!(tile.bm / tile.pm / CMMA_FRAG);
+    let n8 = comptime!(tile.bn / tile.pn / 8);
+    let va = VA::value().comptime();
+    let vb = VB::value().comptime();
+    let (a_inner, b_inner) = comptime!((
+        if a_kfast { tile.bk } else { tile.bm },
+        if b_nfast { tile.bn } else { tile.bk }
+    ));
+    let a_pitch = comptime!(a_inner + CMMA_PAD);
+    let b_pitch = comptime!(b_inner + CMMA_PAD);
+    let lane = UNIT_POS_X as usize;
+    let quad = lane / 8;
+    let within = lane % 8;
+    #[unroll]
+    for s in 0..comptime!(tile.bk / CMMA_FRAG) {
+        let kk = s * CMMA_FRAG;
+        let mut regs_a = Sequence::<Array<Vector<F, Const<2>>>>::new();
+        #[unroll]
+        for i in 0..frags_m {
+            let r = prow + i * CMMA_FRAG;
+            let e = if comptime![a_kfast] {
+                (r + (quad % 2) * 8 + within) * a_pitch + kk + (quad / 2) * 8
+            } else {
+                (kk + (quad / 2) * 8 + within) * a_pitch + r + (quad % 2) * 8
+            };
+            let start = a_base + e / va;
+            regs_a.push(mma.load_matrix::<Vector<F, VA>, Const<2>>(
+                &a_s.slice(start, start + comptime!(8 / va)),
+                cmma::MatrixIdent::A,
+                4usize,
+                comptime!(!a_kfast),
+            ));
+        }
+        #[unroll]
+        for j in 0..comptime!(n8 / 2) {
+            let c = pcol + j * CMMA_FRAG;
+            let e = if comptime![b_nfast] {
+                (kk + (quad % 2) * 8 + within) * b_pitch + c + (quad / 2) * 8
+            } else {
+                (c + (quad / 2) * 8 + within) * b_pitch + kk + (quad % 2) * 8
+            };
+            let start = b_base + e / vb;
+            let pair = mma.load_matrix::<Vector<F, VB>, Const<2>>(
+                &b_s.slice(start, start + comptime!(8 / vb)),
+                cmma::MatrixIdent::B,
+                4usize,
+                b_nfast,
+            );
+            let mut b_lo = Array::<Vector<F, Const<2>>>::new(2usize);
+            b_lo[0] = pair[0];
+            b_lo[1] = pair[1];
+            let mut b_hi = Array::<Vector<F, Const<2>>>::new(2usize);
+            b_hi[0] = pair[2];
+            b_hi[1] = pair[3];
+            #[unroll]
+            for i in 0..frags_m {
+                mma.execute_inplace(
+                    regs_a.index(i),
+                    &b_lo,
+                    regs_c.index_mut(comptime!(i * n8 + 2 * j)),
+                );
+                mma.execute_inplace(
+                    regs_a.index(i),
+                    &b_hi,
+                    regs_c.index_mut(comptime!(i * n8 + 2 * j + 1)),
+                );
+            }
+        }
+    }
+}
+
+/// The manual path's epilogue: each lane's accumulators (plus the bias, in f32) rounded once to
+/// the output dtype and stored. The plane's block starts at (`row0`, `col0`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_manual<F: Float>(
+    regs_c: &Sequence<Array<Vector<f32, Const<2>>>>,
+    bias: &Tensor<F>,
+    bias_off: u32,
+    bias_stride: u32,
+    out: &mut Tensor<F>,
+    oo: &Operand,
+    row0: usize,
+    col0: usize,
+    m: usize,
+    n: usize,
+    #[comptime] has_bias: bool,
+    #[comptime] tile: CmmaTile,
+) {
+    let frags_m = comptime!(tile.bm / tile.pm / CMMA_FRAG);
+    let n8 = comptime!(tile.bn / tile.pn / 8);
+    let o_off = oo.offset as usize;
+    let o_s0 = oo.s0 as usize;
+    let o_s1 = oo.s1 as usize;
+    // Lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, columns 2t and 2t + 1.
+    let lane = UNIT_POS_X as usize;
+    let g = lane / 4;
+    let t = lane % 4;
+    #[unroll]
+    for i in 0..frags_m {
+        #[unroll]
+        for j in 0..n8 {
+            let regs = regs_c.index(comptime!(i * n8 + j));
+            #[unroll]
+            for h in 0..2usize {
+                let row = row0 + i * CMMA_FRAG + g + h * 8;
+                let pair = regs[h];
+                #[unroll]
+                for q in 0..2usize {
+                    let col = col0 + j * 8 + 2 * t + q;
+                    if row < m && col < n {
+                        let mut v = pair[q];
+                        if comptime![has_bias] {
+                            v += f32::cast_from(
+                                bias[bias_off as usize + col * bias_stride as usize],
+                            );
+                        }
+                        out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
+                    }
+                }
+            }
+        }
     }
 }

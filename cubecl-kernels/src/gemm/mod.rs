@@ -1,12 +1,13 @@
 //! Deterministic, row-invariant GEMM, row-reduction GEMM and column sums.
 
 pub(crate) mod cmma;
+pub(crate) mod cmma_async;
 pub use cmma::CmmaTile;
 pub(crate) mod col_sum;
 pub(crate) mod fma;
 
 use crate::consts::{
-    CMMA_FRAG, CMMA_TILE, CMMA_VECTOR, COL_SUM_BLOCK, FMA_BM, FMA_BN, FMA_THREADS,
+    CMMA_ASYNC_TILE, CMMA_FRAG, CMMA_TILE, CMMA_VECTOR, COL_SUM_BLOCK, FMA_BM, FMA_BN, FMA_THREADS,
 };
 use crate::error::KernelError;
 use crate::util::{
@@ -44,6 +45,10 @@ pub enum GemmPath {
         /// Fragments through `ldmatrix` and 16×8×16 `mma.sync` with per-lane registers (CUDA)
         /// instead of WMMA; the same MMA steps per output element, so the same bits.
         manual_mma: bool,
+        /// The tiling of the `cp.async` kernel that runs instead where both operands are 16-byte
+        /// vectors (CUDA), `None` where it never runs; same MMA steps per output element, so the
+        /// same bits.
+        async_tile: Option<CmmaTile>,
     },
 }
 
@@ -64,16 +69,27 @@ impl core::fmt::Display for GemmPath {
                 block_k,
                 plane_size,
                 manual_mma,
-            } => write!(
-                f,
-                "cmma (fragments {frag_m}x{frag_n}x{frag_k}{}, f32 accumulators, block \
-                 {block_m}x{block_n}x{block_k}, plane {plane_size}, k ascending)",
-                if *manual_mma {
-                    " as ldmatrix + mma.sync 16x8x16"
-                } else {
-                    ""
+                async_tile,
+            } => {
+                write!(
+                    f,
+                    "cmma (fragments {frag_m}x{frag_n}x{frag_k}{}, f32 accumulators, block \
+                     {block_m}x{block_n}x{block_k}, plane {plane_size}, k ascending",
+                    if *manual_mma {
+                        " as ldmatrix + mma.sync 16x8x16"
+                    } else {
+                        ""
+                    }
+                )?;
+                if let Some(t) = async_tile {
+                    write!(
+                        f,
+                        "; where 16-byte aligned: block {}x{}x{}, planes {}x{}, cp.async ring of {}",
+                        t.bm, t.bn, t.bk, t.pm, t.pn, t.stages
+                    )?;
                 }
-            ),
+                write!(f, ")")
+            }
         }
     }
 }
@@ -135,6 +151,7 @@ pub fn matmul_path<R: Runtime>(
     let dt = FloatDType::from_storage("dtype", dtype)?;
     check_runtime_dtype(client, "dtype", dt.storage())?;
     if dt != FloatDType::F32 && cmma_supported(client, dt.storage()) {
+        let manual_mma = manual_mma_supported(client, dt.storage());
         Ok(GemmPath::Cmma {
             frag_m: CMMA_FRAG as u32,
             frag_n: CMMA_FRAG as u32,
@@ -143,7 +160,8 @@ pub fn matmul_path<R: Runtime>(
             block_n: CMMA_TILE.bn as u32,
             block_k: CMMA_TILE.bk as u32,
             plane_size: client.properties().hardware.plane_size_max,
-            manual_mma: manual_mma_supported(client, dt.storage()),
+            manual_mma,
+            async_tile: async_tile(client, manual_mma, CMMA_ASYNC_TILE, dt.size()),
         })
     } else {
         Ok(GemmPath::Fma)
@@ -340,11 +358,11 @@ pub(crate) fn launch_cmma<R: Runtime>(
     plane_size: u32,
     tile: CmmaTile,
     manual_mma: bool,
+    async_tile: Option<CmmaTile>,
 ) -> Result<(), KernelError> {
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let (gx, gy) = check_grid(client, "out", m.div_ceil(tile.bm), n.div_ceil(tile.bn))?;
     let ([m32, k32, n32], (bias_buf, bias_off, bias_stride)) = gemm_scalars(m, k, n, rhs, bias)?;
     let elem = lhs.dtype.size();
     // Each operand is staged with its smaller stride as the contiguous dimension.
@@ -360,6 +378,10 @@ pub(crate) fn launch_cmma<R: Runtime>(
     } else {
         cmma_vector(rhs, rhs.s0, rhs.s1, k, elem)
     };
+    // The ring kernel where both operands travel as 16-byte vectors; same bits either way.
+    let ring = async_tile.filter(|_| va == CMMA_VECTOR && vb == CMMA_VECTOR);
+    let tile = ring.unwrap_or(tile);
+    let (gx, gy) = check_grid(client, "out", m.div_ceil(tile.bm), n.div_ceil(tile.bn))?;
     let threads = plane_size as usize * tile.planes();
     unsafe {
         cmma::gemm_cmma_kernel::launch_unchecked::<R>(
@@ -386,10 +408,31 @@ pub(crate) fn launch_cmma<R: Runtime>(
             threads,
             tile,
             manual_mma,
+            ring.is_some(),
             lhs.dtype,
         );
     }
     Ok(())
+}
+
+/// `tile` where the `cp.async` kernel can run with it here: manual MMAs, the runtime has
+/// `cp.async`, and the tiling is well formed and fits the cube and shared-memory limits. Where it
+/// cannot, the register-pipelined kernel runs (same bits).
+fn async_tile<R: Runtime>(
+    client: &ComputeClient<R>,
+    manual_mma: bool,
+    tile: CmmaTile,
+    elem: usize,
+) -> Option<CmmaTile> {
+    let hw = &client.properties().hardware;
+    let plane = hw.plane_size_max as usize;
+    (manual_mma
+        && tile.ring_is_valid()
+        && client.properties().features.copy_async
+        && tile.is_valid(plane)
+        && plane * tile.planes() <= hw.max_units_per_cube as usize
+        && tile.async_shared_bytes(elem) <= hw.max_shared_memory_size)
+        .then_some(tile)
 }
 
 /// Bias vector: buffer, offset, stride (same dtype as the rhs).
@@ -549,6 +592,7 @@ pub fn matmul<R: Runtime>(
         GemmPath::Cmma {
             plane_size,
             manual_mma,
+            async_tile,
             ..
         } => launch_cmma(
             client,
@@ -562,15 +606,18 @@ pub fn matmul<R: Runtime>(
             plane_size,
             CMMA_TILE,
             manual_mma,
+            async_tile,
         )?,
     }
     Ok(path)
 }
 
-/// [`matmul`] with an explicit cmma tiling instead of the pinned [`crate::consts::CMMA_TILE`], for
-/// tuning benchmarks. Every tiling gives the same bits as the pinned one (same MMA steps in the
-/// same K order); only speed differs. Errors where the cmma path does not run for `dtype` or the
-/// tiling does not fit the device.
+/// [`matmul`] with an explicit cmma tiling instead of the pinned [`crate::consts::CMMA_TILE`] /
+/// [`crate::consts::CMMA_ASYNC_TILE`], for tuning benchmarks: `tile` runs on the `cp.async`
+/// kernel where that kernel runs (manual MMAs on CUDA, 16-byte aligned operands), else on the
+/// register-pipelined one. Every tiling gives the same bits as the pinned ones (same MMA steps in
+/// the same K order); only speed differs. Errors where the cmma path does not run for `dtype` or
+/// the tiling does not fit the device.
 #[doc(hidden)]
 pub fn matmul_cmma_tiled<R: Runtime>(
     client: &ComputeClient<R>,
@@ -624,6 +671,7 @@ pub fn matmul_cmma_tiled<R: Runtime>(
         plane_size,
         tile,
         manual_mma,
+        async_tile(client, manual_mma, tile, c.dt.size()),
     )
 }
 
