@@ -73,7 +73,13 @@ fn perf_cuda() {
                     let out = alloc_dense(client, &[m, n], dt);
                     let run = || matmul(client, a.b(), b.b(), None, out.b(), dt.storage()).unwrap();
                     let path = run();
-                    sync();
+                    // A kernel that failed to build leaves the output at its fill (-7.25):
+                    // never time that.
+                    let first = read_raw(client, &out, dt);
+                    assert!(
+                        first.iter().any(|v| *v != -7.25),
+                        "matmul {dt:?} {m}x{k}x{n} wrote nothing"
+                    );
                     let s = median_seconds(if m >= 1024 { 10 } else { 50 }, &sync, || {
                         run();
                     });
