@@ -34,7 +34,7 @@ pub const CMMA_TILE: CmmaTile = CmmaTile {
 };
 /// CMMA GEMM, `cp.async` kernel (CUDA, both operands 16-byte vectors): 256×128 output block per
 /// cube, 8 planes in a 4×2 arrangement (each owns 64×64 = 4×8 16×8 fragments), K staged 64 deep,
-/// a ring of 4 stages (221 KiB of shared memory: one cube per H100 SM) refilled with lag 2 (planes
+/// a ring of 4 stages (216 KiB of shared memory: one cube per H100 SM) refilled with lag 2 (planes
 /// release slots through barriers instead of meeting at a cube barrier every stage). The fastest
 /// of the tilings swept on an H100 (`benches/results/cubecl-h100.md`); all give the same bits.
 /// Devices with less shared memory run the register-pipelined kernel instead.

@@ -92,20 +92,22 @@ impl CmmaTile {
         }
     }
 
+    /// Elements of one stage of both operands, each in its larger orientation.
+    fn stage_elems(&self) -> usize {
+        self.a_stage_len(true).max(self.a_stage_len(false))
+            + self.b_stage_len(true).max(self.b_stage_len(false))
+    }
+
     /// Shared memory the register-pipelined kernel uses, in bytes, for `elem_size`-byte operands
-    /// (two stages per operand, in the larger orientation, plus the `cmma` epilogue scratch).
+    /// (two stages, plus the `cmma` epilogue scratch).
     pub fn shared_bytes(&self, elem_size: usize) -> usize {
-        let a = 2 * self.a_stage_len(true).max(self.a_stage_len(false));
-        let b = 2 * self.b_stage_len(true).max(self.b_stage_len(false));
-        (a + b) * elem_size + self.planes() * CMMA_FRAG * CMMA_FRAG * 4
+        2 * self.stage_elems() * elem_size + self.planes() * CMMA_FRAG * CMMA_FRAG * 4
     }
 
     /// Shared memory the `cp.async` kernel uses, in bytes (the ring of stages; the barriers
     /// take 8 bytes each, counted generously).
     pub fn async_shared_bytes(&self, elem_size: usize) -> usize {
-        let a = self.a_stage_len(true).max(self.a_stage_len(false));
-        let b = self.b_stage_len(true).max(self.b_stage_len(false));
-        self.stages * (a + b) * elem_size + 16 * self.stages
+        self.stages * self.stage_elems() * elem_size + 16 * self.stages
     }
 
     /// Whether the `cp.async` ring is well formed: at least two stages and a lag that leaves a
