@@ -144,6 +144,47 @@ pub trait InvariantBackend: Backend {
         implementation: Implementation,
     ) -> LinearLogpGrads<Self>;
 
+    /// Tensor-parallel leaf targets (`crate::tp`): `t − start` where `start ≤ t < end` and `t`
+    /// is not `ignore_index`, −1 (the leaves' ignore index) where ignored, −2 (matches no column
+    /// of the leaf) elsewhere. `[N]`, targets' dtype.
+    fn invariant_tp_leaf_targets(
+        targets: IntTensor<Self>,
+        start: usize,
+        end: usize,
+        ignore_index: Option<i64>,
+    ) -> IntTensor<Self> {
+        crate::tp::ops::leaf_targets::<Self>(targets, start, end, ignore_index)
+    }
+
+    /// Tensor-parallel `lse` merge, element-wise over f32 `[N]`:
+    /// `a ⊕ b = max + ln(1 + exp(−|a − b|))`, with the gap taken as 0 when `a == b`.
+    fn invariant_tp_merge_lse(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::tp::ops::merge_lse::<Self>(a, b)
+    }
+
+    /// Tensor-parallel owner pick: f32 `[2, N]` holding a leaf's `(logp, lse)` from
+    /// `stats [N, 2]` in the rows it owns (`leaf_targets ≥ 0`), `acc [2, N]` (or 0) elsewhere.
+    fn invariant_tp_pick(
+        acc: Option<FloatTensor<Self>>,
+        stats: FloatTensor<Self>,
+        leaf_targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        crate::tp::ops::pick::<Self>(acc, stats, leaf_targets)
+    }
+
+    /// Tensor-parallel result `[N, 2]` f32 `(logp, lse)` from the owners' `picks [2, N]`, the
+    /// global `lse [N]` and `targets`: `logp = 0` for ignored rows,
+    /// `pick_logp + (pick_lse − lse)` for targets in `[0, vocab)`, NaN otherwise.
+    fn invariant_tp_finish(
+        picks: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: Option<i64>,
+    ) -> FloatTensor<Self> {
+        crate::tp::ops::finish::<Self>(picks, lse, targets, vocab, ignore_index)
+    }
+
     /// Tensor-parallel [`Self::invariant_linear_logp`] (`crate::tp`) on validated inputs: this
     /// rank's `[N, 2]` f32 `(logp, lse)` over the global vocabulary. The default runs the
     /// segment algorithm with this backend's primitives; `Autodiff` overrides it to record a

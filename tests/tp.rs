@@ -623,3 +623,229 @@ fn a_rank_that_never_arrives_fails_the_others_in_bounded_time() {
     .unwrap_err();
     assert_eq!(late, errors[0]);
 }
+
+/// The same algorithm on wgpu (lavapipe in CI), where the per-row steps are the CubeCL kernels
+/// of `burn_invariant_cubecl::tp` (raw `CubeBackend`) or fused Burn ops (`Fusion`).
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use std::sync::OnceLock;
+
+    use burn::tensor::{Int, Tensor, TensorPrimitive};
+    use burn_invariant::InvariantBackend;
+    use burn_wgpu::{WgpuDevice, WgpuRuntime};
+    use serial_test::serial;
+
+    use super::*;
+
+    type Raw = burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>;
+    type Fused = burn_fusion::Fusion<Raw>;
+
+    fn device() -> Option<WgpuDevice> {
+        static CELL: OnceLock<Option<WgpuDevice>> = OnceLock::new();
+        CELL.get_or_init(|| {
+            let found = std::panic::catch_unwind(|| {
+                let device = WgpuDevice::DefaultDevice;
+                // Creating the client panics when no adapter exists.
+                let _ = <WgpuRuntime as cubecl::Runtime>::client(&device);
+                device
+            })
+            .ok();
+            if found.is_none() {
+                let required = std::env::var("BURN_INVARIANT_REQUIRE_WGPU").is_ok_and(|v| v == "1");
+                assert!(!required, "wgpu: no device, and BURN_INVARIANT_REQUIRE_WGPU=1 requires one");
+                eprintln!("NOTICE: wgpu: no device found, skipping");
+            }
+            found
+        })
+        .clone()
+    }
+
+    fn run_on<X>(p: &Problem, shards: &[VocabShard], device: &X::Device) -> Vec<RankOut>
+    where
+        X: burn::tensor::backend::AutodiffBackend + InvariantBackend,
+    {
+        let (p, shards, device) = (Arc::new(p.clone()), shards.to_vec(), device.clone());
+        ranks::on_ranks(InProcessGroup::new(shards.len()), WATCHDOG, move |rank, group| {
+            rank_run::<X, _>(&p, &device, shards[rank], &group)
+        })
+    }
+
+    /// Worlds 1, 2, 4 bitwise equal to each other, and the single-rank NdArray API within f32
+    /// rounding; `ignore_index`, bias and an unchecked out-of-range target included.
+    fn invariant_and_correct<X>(device: &X::Device)
+    where
+        X: burn::tensor::backend::AutodiffBackend + InvariantBackend,
+    {
+        for (shape, with_bias, ignore_every, seed) in
+            [([13, 24, 600], true, Some(4), 21), ([9, 16, 2100], false, None, 22)]
+        {
+            let mut p = problem(shape, DType::F32, with_bias, ignore_every, seed);
+            p.targets[1] = p.v as i64; // NaN, like the single-rank API
+            p.options.skip_target_check = true;
+            let single = single_rank::<AD>(&p, &Default::default());
+            let reference = run_on::<X>(&p, &split(1, p.v), device);
+            assert_matches_single_rank("world 1", &reference, &single);
+            assert!(reference[0].logp[1].is_nan(), "out-of-range target gives NaN");
+            for world in [2, 4] {
+                let outs = run_on::<X>(&p, &split(world, p.v), device);
+                let what = format!("V={} world={world}", p.v);
+                assert_ranks_agree(&what, &outs);
+                for (name, got, expected) in [
+                    ("logp", &outs[0].logp, &reference[0].logp),
+                    ("lse", &outs[0].lse, &reference[0].lse),
+                    ("dHidden", &outs[0].hidden, &reference[0].hidden),
+                ] {
+                    assert_bits_eq(
+                        &format!("{what}: {name} vs world 1"),
+                        &bits_of(got),
+                        &bits_of(expected),
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[serial]
+    fn raw_cube_backend_tp_is_invariant_and_correct() {
+        let Some(device) = device() else { return };
+        invariant_and_correct::<burn::backend::Autodiff<Raw>>(&device);
+    }
+
+    #[test]
+    #[serial]
+    fn fusion_tp_is_invariant_and_correct() {
+        let Some(device) = device() else { return };
+        invariant_and_correct::<burn::backend::Autodiff<Fused>>(&device);
+    }
+
+    fn floats<X: InvariantBackend>(values: &[f32], device: &X::Device) -> Tensor<X, 1> {
+        float::<X, 1>(values.to_vec(), [values.len()], device, DType::F32)
+    }
+
+    fn prim<X: InvariantBackend, const D: usize>(t: Tensor<X, D>) -> burn::tensor::ops::FloatTensor<X> {
+        t.into_primitive().tensor()
+    }
+
+    fn back<X: InvariantBackend, const D: usize>(t: burn::tensor::ops::FloatTensor<X>) -> Vec<f32> {
+        host(Tensor::<X, D>::from_primitive(TensorPrimitive::Float(t)))
+    }
+
+    fn int_values<X: InvariantBackend>(t: burn::tensor::ops::IntTensor<X>) -> Vec<i64> {
+        Tensor::<X, 1, Int>::from_primitive(t)
+            .into_data()
+            .iter::<i64>()
+            .collect()
+    }
+
+    /// Each kernel against the Burn-op default on NdArray: bitwise for the selections and the
+    /// remap, within a few ulps for the merge (exp and log1p are the device's); the merge's
+    /// special cases exactly.
+    #[test]
+    #[serial]
+    fn tp_kernels_match_the_burn_op_reference() {
+        let Some(device) = device() else { return };
+        let cpu = Default::default();
+        let targets: Vec<i64> = vec![-100, 0, 4, 5, 9, 10, 11, -2, -1, 7, 1 << 20, 5];
+        for (start, end, ignore) in [
+            (5, 10, Some(-100)),
+            (0, 5, None),
+            (10, 12, Some(7)),
+            (1 << 40, 1 << 41, Some(5)),
+        ] {
+            let got = int_values::<Raw>(Raw::invariant_tp_leaf_targets(
+                ints::<Raw>(targets.clone(), &device).into_primitive(),
+                start,
+                end,
+                ignore,
+            ));
+            let want = int_values::<B>(B::invariant_tp_leaf_targets(
+                ints::<B>(targets.clone(), &cpu).into_primitive(),
+                start,
+                end,
+                ignore,
+            ));
+            assert_eq!(got, want, "leaf [{start}, {end}) ignore {ignore:?}");
+        }
+
+        let inf = f32::INFINITY;
+        let a = [0.5f32, -3.0, 7.25, -inf, inf, -inf, f32::NAN, 2.0, 80.0, -1e-3, 1.5];
+        let b = [0.25f32, 12.0, 7.25, 3.5, inf, -inf, 1.0, f32::NAN, -20.0, 1e-3, -inf];
+        let got = back::<Raw, 1>(Raw::invariant_tp_merge_lse(
+            prim(floats::<Raw>(&a, &device)),
+            prim(floats::<Raw>(&b, &device)),
+        ));
+        let want = back::<B, 1>(B::invariant_tp_merge_lse(
+            prim(floats::<B>(&a, &cpu)),
+            prim(floats::<B>(&b, &cpu)),
+        ));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let exact = !a[i].is_finite() || !b[i].is_finite();
+            let ok = if exact {
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())
+            } else {
+                (g - w).abs() <= 4.0 * f32::EPSILON * w.abs().max(1.0)
+            };
+            assert!(ok, "merge_lse({}, {}): got {g}, expected {w}", a[i], b[i]);
+        }
+        assert_eq!(got[3], 3.5, "-inf ⊕ x = x");
+        assert_eq!(got[4], inf, "inf ⊕ inf = inf");
+        assert_eq!(got[5], -inf, "-inf ⊕ -inf = -inf");
+        assert!(got[6].is_nan() && got[7].is_nan(), "NaN propagates");
+
+        let n = targets.len();
+        let stats: Vec<f32> = (0..2 * n).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let acc: Vec<f32> = (0..2 * n).map(|i| -(i as f32) - 0.25).collect();
+        let lse: Vec<f32> = (0..n).map(|i| i as f32 * 0.75 + 0.5).collect();
+        let leaf = |start: usize, end: usize| {
+            (
+                Raw::invariant_tp_leaf_targets(
+                    ints::<Raw>(targets.clone(), &device).into_primitive(),
+                    start,
+                    end,
+                    Some(-100),
+                ),
+                B::invariant_tp_leaf_targets(
+                    ints::<B>(targets.clone(), &cpu).into_primitive(),
+                    start,
+                    end,
+                    Some(-100),
+                ),
+            )
+        };
+        let two = |v: &[f32], d: &WgpuDevice| float::<Raw, 2>(v.to_vec(), [2, n], d, DType::F32);
+        let two_cpu = |v: &[f32]| float::<B, 2>(v.to_vec(), [2, n], &cpu, DType::F32);
+        let stats_of = |v: &[f32], d: &WgpuDevice| float::<Raw, 2>(v.to_vec(), [n, 2], d, DType::F32);
+        for with_acc in [false, true] {
+            let (leaf_raw, leaf_cpu) = leaf(4, 10);
+            let got = back::<Raw, 2>(Raw::invariant_tp_pick(
+                with_acc.then(|| prim(two(&acc, &device))),
+                prim(stats_of(&stats, &device)),
+                leaf_raw,
+            ));
+            let want = back::<B, 2>(B::invariant_tp_pick(
+                with_acc.then(|| prim(two_cpu(&acc))),
+                prim(float::<B, 2>(stats.clone(), [n, 2], &cpu, DType::F32)),
+                leaf_cpu,
+            ));
+            assert_bits_eq(&format!("pick (acc {with_acc})"), &bits_of(&got), &bits_of(&want));
+        }
+        for (vocab, ignore) in [(11, Some(-100)), (12, None), (usize::MAX, Some(7))] {
+            let got = back::<Raw, 2>(Raw::invariant_tp_finish(
+                prim(two(&stats, &device)),
+                prim(floats::<Raw>(&lse, &device)),
+                ints::<Raw>(targets.clone(), &device).into_primitive(),
+                vocab,
+                ignore,
+            ));
+            let want = back::<B, 2>(B::invariant_tp_finish(
+                prim(two_cpu(&stats)),
+                prim(floats::<B>(&lse, &cpu)),
+                ints::<B>(targets.clone(), &cpu).into_primitive(),
+                vocab,
+                ignore,
+            ));
+            assert_bits_eq(&format!("finish V={vocab}"), &bits_of(&got), &bits_of(&want));
+        }
+    }
+}

@@ -60,6 +60,7 @@ pub mod consts;
 pub mod error;
 pub mod gemm;
 pub mod logp;
+pub mod tp;
 pub mod util;
 
 pub use error::KernelError;

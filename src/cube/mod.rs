@@ -10,10 +10,11 @@ pub(crate) use sm90::launch_stream_sync;
 
 use burn::tensor::{
     DType, Shape,
-    ops::{FloatTensor, FloatTensorOps},
+    ops::{FloatTensor, FloatTensorOps, IntTensor},
 };
 use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement,
+    kernel::into_contiguous,
     ops::numeric::{empty_device_contiguous_dtype, zeros_client},
     tensor::CubeTensor,
 };
@@ -412,6 +413,86 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             weight: request.weight.then_some(d_weight),
             bias: d_bias.filter(|_| request.bias),
         }
+    }
+
+    fn invariant_tp_leaf_targets(
+        targets: IntTensor<Self>,
+        start: usize,
+        end: usize,
+        ignore_index: Option<i64>,
+    ) -> IntTensor<Self> {
+        let targets = into_contiguous(targets);
+        let out = empty(&targets, targets.meta.shape().to_vec(), targets.dtype);
+        launched(kernels::tp::leaf_targets(
+            &targets.client,
+            &targets.clone().binding(),
+            &out.clone().binding(),
+            targets.dtype.into(),
+            start,
+            end,
+            ignore_index,
+        ));
+        out
+    }
+
+    fn invariant_tp_merge_lse(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (a, b) = (into_contiguous(a), into_contiguous(b));
+        let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
+        launched(kernels::tp::merge_lse(
+            &a.client,
+            &a.clone().binding(),
+            &b.binding(),
+            &out.clone().binding(),
+        ));
+        out
+    }
+
+    fn invariant_tp_pick(
+        acc: Option<FloatTensor<Self>>,
+        stats: FloatTensor<Self>,
+        leaf_targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (stats, leaf_targets) = (into_contiguous(stats), into_contiguous(leaf_targets));
+        let acc = acc.map(into_contiguous);
+        let n = leaf_targets.meta.shape()[0];
+        let out = empty(&stats, vec![2, n], DType::F32);
+        let acc_binding = acc.map(|a| a.binding());
+        launched(kernels::tp::pick(
+            &stats.client,
+            acc_binding.as_ref(),
+            &stats.clone().binding(),
+            &leaf_targets.clone().binding(),
+            leaf_targets.dtype.into(),
+            &out.clone().binding(),
+        ));
+        out
+    }
+
+    fn invariant_tp_finish(
+        picks: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: Option<i64>,
+    ) -> FloatTensor<Self> {
+        let (picks, lse, targets) = (
+            into_contiguous(picks),
+            into_contiguous(lse),
+            into_contiguous(targets),
+        );
+        let n = targets.meta.shape()[0];
+        let out = empty(&lse, vec![n, 2], DType::F32);
+        launched(kernels::tp::finish(
+            &lse.client,
+            &picks.binding(),
+            &lse.clone().binding(),
+            &targets.clone().binding(),
+            targets.dtype.into(),
+            vocab,
+            ignore_index,
+            &out.clone().binding(),
+        ));
+        out
     }
 }
 

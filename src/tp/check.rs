@@ -361,10 +361,10 @@ pub(crate) fn collective<B: InvariantBackend, G: Collective<B>>(
     let implementation = implementation.ok_or_else(|| InvariantError::Collective {
         reason: "internal: a failed rank passed the verdict".into(),
     })?;
-    let mut plan = Plan::new(inputs.shard.global_vocab, shards, rank);
-    // The verdict compared the flag across ranks.
-    plan.targets_checked = !inputs.options.skip_target_check;
-    Ok((plan, implementation))
+    Ok((
+        Plan::new(inputs.shard.global_vocab, shards, rank),
+        implementation,
+    ))
 }
 
 #[cfg(test)]

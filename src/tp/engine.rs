@@ -4,7 +4,10 @@
 //! single-rank primitives on that slice of the weight, with the targets remapped: rows whose
 //! target lies in the leaf get its local index, every other row the ignore sentinel. A leaf's
 //! computation therefore does not depend on which rank runs it.
-use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive, ops::FloatTensor};
+use burn::tensor::{
+    DType, Tensor, TensorPrimitive,
+    ops::{FloatTensor, IntTensor},
+};
 
 use super::{Collective, Plan};
 use crate::InvariantError;
@@ -44,7 +47,8 @@ impl<'a, B: InvariantBackend> Trace<'a, B> {
     }
 }
 
-/// The ignore index of the leaf calls; remapped targets of owned rows are in `[0, leaf)`.
+/// The ignore index of the leaf calls: every leaf sees a row's target as its local index
+/// (the leaf owns it), −1 (ignored) or −2 (it lies in another leaf: no column of this one).
 const SENTINEL: i64 = -1;
 
 fn wrap<B: InvariantBackend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
@@ -55,23 +59,17 @@ fn raw<B: InvariantBackend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 
-/// `lse(a, b) = max + ln(1 + exp(−|a − b|))`, exact for an empty side (−∞) and for equal
-/// infinities; NaN propagates.
 fn merge_lse<B: InvariantBackend>(a: Tensor<B, 1>, b: Tensor<B, 1>) -> Tensor<B, 1> {
-    let max = a.clone().max_pair(b.clone());
-    let same = a.clone().equal(b.clone());
-    let gap = (a - b).abs().neg().mask_fill(same, 0.0);
-    max + gap.exp().log1p()
+    wrap(B::invariant_tp_merge_lse(raw(a), raw(b)))
 }
 
-/// One rank's inputs, as tensors, with the per-row masks every leaf needs.
+/// One rank's inputs.
 struct Ctx<B: InvariantBackend> {
     hidden: FloatTensor<B>,
     weight: Tensor<B, 2>,
     bias: Option<Tensor<B, 1>>,
-    targets: Tensor<B, 1, Int>,
-    /// `target == ignore_index`.
-    ignored: Option<Tensor<B, 1, Bool>>,
+    targets: IntTensor<B>,
+    ignore_index: Option<i64>,
     offset: usize,
     n: usize,
     d: usize,
@@ -83,21 +81,16 @@ impl<B: InvariantBackend> Ctx<B> {
     fn new(inputs: LinearLogpInputs<B>, plan: &Plan, implementation: Implementation) -> Self {
         let hidden: Tensor<B, 2> = wrap(inputs.hidden.clone());
         let [n, d] = hidden.dims();
-        let device = hidden.device();
-        let targets: Tensor<B, 1, Int> = Tensor::from_primitive(inputs.targets);
-        let ignored = inputs
-            .ignore_index
-            .map(|index| targets.clone().equal_elem(index));
         Self {
             hidden: inputs.hidden,
             weight: wrap(inputs.weight),
             bias: inputs.bias.map(wrap),
-            targets,
-            ignored,
+            targets: inputs.targets,
+            ignore_index: inputs.ignore_index,
             offset: plan.shard().0,
             n,
             d,
-            device,
+            device: hidden.device(),
             implementation,
         }
     }
@@ -106,46 +99,21 @@ impl<B: InvariantBackend> Ctx<B> {
         Tensor::full([self.n], value, (&self.device, DType::F32))
     }
 
-    /// Rows whose (non-ignored) target is in `[start, end)`.
-    fn owned(&self, start: usize, end: usize) -> Tensor<B, 1, Bool> {
-        let t = &self.targets;
-        let owned = t
-            .clone()
-            .greater_equal_elem(start as i64)
-            .bool_and(t.clone().lower_elem(end as i64));
-        match &self.ignored {
-            Some(ignored) => owned.bool_and(ignored.clone().bool_not()),
-            None => owned,
-        }
-    }
-
-    /// Rows that are neither ignored nor in `[0, global_vocab)` (possible only with
-    /// `skip_target_check`): they give NaN, like the single-rank API.
-    fn unowned(&self, global_vocab: usize) -> Tensor<B, 1, Bool> {
-        let outside = self.owned(0, global_vocab).bool_not();
-        match &self.ignored {
-            Some(ignored) => outside.bool_and(ignored.clone().bool_not()),
-            None => outside,
-        }
-    }
-
     /// The leaf `[start, end)` (global rows) as single-rank primitive inputs.
-    fn leaf_inputs(&self, start: usize, end: usize) -> (LinearLogpInputs<B>, Tensor<B, 1, Bool>) {
+    fn leaf_inputs(&self, start: usize, end: usize) -> LinearLogpInputs<B> {
         let (a, b) = (start - self.offset, end - self.offset);
-        let owned = self.owned(start, end);
-        let targets = self
-            .targets
-            .clone()
-            .sub_scalar(start as i64)
-            .mask_fill(owned.clone().bool_not(), SENTINEL);
-        let inputs = LinearLogpInputs {
+        LinearLogpInputs {
             hidden: self.hidden.clone(),
             weight: raw(self.weight.clone().slice([a..b, 0..self.d])),
             bias: self.bias.clone().map(|bias| raw(bias.slice(a..b))),
-            targets: targets.into_primitive(),
+            targets: B::invariant_tp_leaf_targets(
+                self.targets.clone(),
+                start,
+                end,
+                self.ignore_index,
+            ),
             ignore_index: Some(SENTINEL),
-        };
-        (inputs, owned)
+        }
     }
 }
 
@@ -167,38 +135,37 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
             (&ctx.device, DType::F32),
         )));
     }
-    // The owning leaf's (logp, lse), zero elsewhere: exactly one leaf of one rank contributes
-    // per row, so these sums are exact in any order (x + 0 = x).
-    let mut pick_logp: Option<Tensor<B, 1>> = None;
-    let mut pick_lse: Option<Tensor<B, 1>> = None;
-    let accumulate = |sum: &mut Option<Tensor<B, 1>>, term: Tensor<B, 1>| {
-        *sum = Some(match sum.take() {
-            Some(sum) => sum + term,
-            None => term,
-        });
-    };
+    // The owning leaf's (logp, lse) rows `[2, N]`, zero where this rank owns no target: exactly
+    // one leaf of one rank owns a row, so the sum over ranks below is exact in any order.
+    let mut picks: Option<FloatTensor<B>> = None;
     let mut leaf = |start: usize, end: usize| {
-        let (inputs, owned) = ctx.leaf_inputs(start, end);
-        let stats: Tensor<B, 2> = wrap(B::invariant_linear_logp(inputs, ctx.implementation));
-        let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
-        let lse = stats.slice([0..n, 1..2]).reshape([n]);
-        accumulate(&mut pick_logp, logp);
-        accumulate(&mut pick_lse, lse.clone().mask_fill(owned.bool_not(), 0.0));
-        lse
+        let inputs = ctx.leaf_inputs(start, end);
+        let leaf_targets = inputs.targets.clone();
+        let stats = B::invariant_linear_logp(inputs, ctx.implementation);
+        picks = Some(B::invariant_tp_pick(
+            picks.take(),
+            stats.clone(),
+            leaf_targets,
+        ));
+        wrap::<B, 2>(stats).slice([0..n, 1..2]).reshape([n])
     };
     let identity = || ctx.f32_full(f32::NEG_INFINITY);
-    let mut rows: Vec<Tensor<B, 1>> = plan
+    let mut rows: Vec<Tensor<B, 2>> = plan
         .local_items()
         .iter()
-        .map(|&item| plan.eval_item(item, &mut leaf, &identity, &merge_lse::<B>))
+        .map(|&item| {
+            plan.eval_item(item, &mut leaf, &identity, &merge_lse::<B>)
+                .unsqueeze_dim(0)
+        })
         .collect();
     let block = plan.block();
-    rows.resize_with(block, || ctx.f32_full(0.0));
+    if rows.len() < block {
+        rows.push(Tensor::zeros([block - rows.len(), n], (&device, DType::F32)));
+    }
     // A rank holds at least one leaf (shards are non-empty).
-    rows.push(pick_logp.unwrap_or_else(|| ctx.f32_full(0.0)));
-    rows.push(pick_lse.unwrap_or_else(|| ctx.f32_full(0.0)));
+    rows.push(picks.map_or_else(|| Tensor::zeros([2, n], (&device, DType::F32)), wrap));
     let world = plan.world();
-    let mine: Tensor<B, 2> = Tensor::stack(rows, 0);
+    let mine: Tensor<B, 2> = Tensor::cat(rows, 0);
     trace.mark("forward leaves");
     let all = group
         .all_gather(mine.reshape([(block + 2) * n]))?
@@ -210,20 +177,22 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
             .reshape([n])
     };
     let lse = plan.eval_global(&row, &identity, &merge_lse::<B>);
-    let sum_over_ranks =
-        |index: usize| (1..world).fold(row(0, index), |acc, rank| acc + row(rank, index));
-    let (pick_logp, pick_lse) = (sum_over_ranks(block), sum_over_ranks(block + 1));
-    let mut logp = pick_logp + (pick_lse - lse.clone());
-    if let Some(ignored) = &ctx.ignored {
-        logp = logp.mask_fill(ignored.clone(), 0.0);
-    }
-    if !plan.targets_checked {
-        let global_vocab = plan.shards[world - 1].1;
-        logp = logp.mask_fill(ctx.unowned(global_vocab), f32::NAN);
-    }
-    let stats = Tensor::stack::<2>(vec![logp, lse], 1);
+    let picks_of = |rank: usize| {
+        all.clone()
+            .slice([rank..rank + 1, block..block + 2, 0..n])
+            .reshape([2, n])
+    };
+    let picks = (1..world).fold(picks_of(0), |acc, rank| acc + picks_of(rank));
+    let global_vocab = plan.shards[world - 1].1;
+    let stats = B::invariant_tp_finish(
+        raw(picks),
+        raw(lse),
+        ctx.targets.clone(),
+        global_vocab,
+        ctx.ignore_index,
+    );
     trace.mark("forward combine");
-    Ok(raw(stats))
+    Ok(stats)
 }
 
 /// Backward on one rank from the forward's `stats [N, 2]` and the upstream `grad [N, 2]`.
@@ -257,19 +226,10 @@ pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
                 .map(|b| raw(b.zeros_like())),
         });
     }
-    let stats: Tensor<B, 2> = wrap(stats);
-    let grad: Tensor<B, 2> = wrap::<B, 2>(grad).cast(DType::F32);
-    let lse = stats.slice([0..n, 1..2]).reshape([n]);
-    // Only the lse column of the leaf stats is read: the global lse.
-    let leaf_stats = Tensor::stack::<2>(vec![lse.clone(), lse], 1);
-    let mut g_logp = grad.clone().slice([0..n, 0..1]).reshape([n]);
-    if let Some(ignored) = &ctx.ignored {
-        g_logp = g_logp.mask_fill(ignored.clone(), 0.0);
-    }
-    let g_lse = grad.slice([0..n, 1..2]).reshape([n]);
-    // A row whose target lies elsewhere sees dz = (dLse − dLogp)·p: it is ignored in this leaf
-    // and its lse gradient is dLse − dLogp (SPEC §4's dz with the one-hot term absent).
-    let g_other = g_lse.clone() - g_logp.clone();
+    // The leaves read only the lse column of `stats`: the global lse. A row whose target lies
+    // in another leaf matches no column of this one, so its dz there is (dLse − dLogp)·p (SPEC
+    // §4's dz without the one-hot term); ignored rows drop dLogp in every leaf.
+    let grad = raw(wrap::<B, 2>(grad).cast(DType::F32));
     let leaf_request = GradRequest {
         bias: request.bias && has_bias,
         ..request
@@ -277,18 +237,10 @@ pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
     let mut weights = Vec::new();
     let mut biases = Vec::new();
     let mut leaf = |start: usize, end: usize| {
-        let (inputs, owned) = ctx.leaf_inputs(start, end);
-        let leaf_grad = Tensor::stack::<2>(
-            vec![
-                g_logp.clone(),
-                g_other.clone().mask_where(owned, g_lse.clone()),
-            ],
-            1,
-        );
         let grads = B::invariant_linear_logp_backward(
-            inputs,
-            raw(leaf_stats.clone()),
-            raw(leaf_grad),
+            ctx.leaf_inputs(start, end),
+            stats.clone(),
+            grad.clone(),
             leaf_request,
             ctx.implementation,
         );

@@ -58,6 +58,7 @@ mod engine;
 mod in_process;
 #[cfg(feature = "cuda")]
 mod nccl;
+pub(crate) mod ops;
 mod plan;
 
 use burn::tensor::{Int, Tensor, TensorPrimitive};

@@ -69,8 +69,6 @@ pub struct Plan {
     pub(crate) rank: usize,
     pub(crate) items: Vec<Vec<Item>>,
     pub(crate) root: Source,
-    /// Every target was checked to be in `[0, V_global)` or ignored (no `skip_target_check`).
-    pub(crate) targets_checked: bool,
 }
 
 impl Plan {
@@ -85,7 +83,6 @@ impl Plan {
             rank,
             items,
             root,
-            targets_checked: false,
         }
     }
 

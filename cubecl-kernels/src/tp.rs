@@ -1,0 +1,344 @@
+//! Per-row kernels of the vocabulary-sharded (tensor-parallel) `linear_logp` in `burn-invariant`:
+//! the leaf target remap, the `lse` merge of the fixed tree, the owner pick and the final
+//! `(logp, lse)`. Each replaces a chain of small element-wise ops with one launch; all are pure
+//! per-row functions, so their bits do not depend on N or on the world size.
+//!
+//! Buffers are contiguous (the caller makes them so); every launch checks shapes and sizes.
+
+use crate::error::KernelError;
+use crate::util::{IndexDType, check_grid, check_out_view, check_view, expect_shape, raw_arg};
+use cubecl::prelude::*;
+
+const BLOCK: usize = 256;
+
+/// Leaf target of row `i`: `t − start` when `0 ≤ t − start < len` and `t` is not ignored,
+/// `-1` (the leaf's ignore index) when ignored, `-2` (matches no column) otherwise.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn leaf_targets_kernel<I: Int>(
+    targets: &Tensor<I>,
+    out: &mut Tensor<I>,
+    n: u32,
+    start: InputScalar,
+    len: InputScalar,
+    ignore: InputScalar,
+    #[comptime] has_ignore: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if row < n as usize {
+        let t = targets[row];
+        let mut ignored = false;
+        if comptime![has_ignore] {
+            ignored = t == ignore.get::<I>();
+        }
+        let start = start.get::<I>();
+        let mut out_t = I::from_int(-2);
+        if ignored {
+            out_t = I::from_int(-1);
+        } else if t >= start {
+            let local = t - start;
+            if local < len.get::<I>() {
+                out_t = local;
+            }
+        }
+        out[row] = out_t;
+    }
+}
+
+/// `a ⊕ b = max(a, b) + ln(1 + exp(−|a − b|))`, with `−|a − b|` taken as 0 when `a == b` (so two
+/// equal infinities give that infinity); NaN propagates.
+#[cube(launch_unchecked)]
+fn merge_lse_kernel(a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>, n: u32) {
+    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if row < n as usize {
+        let x = a[row];
+        let y = b[row];
+        let max = select(x > y, x, y);
+        let gap = select(x == y, 0.0f32, -f32::abs(x - y));
+        out[row] = max + f32::log1p(f32::exp(gap));
+    }
+}
+
+/// `out [2, N]`: row 0 the leaf's `logp`, row 1 its `lse` where the leaf owns the row
+/// (`leaf_targets ≥ 0`), `acc` (or 0) elsewhere.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn pick_kernel<I: Int>(
+    acc: &Tensor<f32>,
+    stats: &Tensor<f32>,
+    leaf_targets: &Tensor<I>,
+    out: &mut Tensor<f32>,
+    n: u32,
+    #[comptime] has_acc: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let n = n as usize;
+    if row < n {
+        let mut logp = 0.0f32;
+        let mut lse = 0.0f32;
+        if comptime![has_acc] {
+            logp = acc[row];
+            lse = acc[n + row];
+        }
+        if leaf_targets[row] >= I::from_int(0) {
+            logp = stats[2 * row];
+            lse = stats[2 * row + 1];
+        }
+        out[row] = logp;
+        out[n + row] = lse;
+    }
+}
+
+/// `out [N, 2] = (logp, lse)`: `logp = 0` for ignored rows, `pick_logp + (pick_lse − lse)` for
+/// targets in `[0, V)`, NaN for any other target.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn finish_kernel<I: Int>(
+    picks: &Tensor<f32>,
+    lse: &Tensor<f32>,
+    targets: &Tensor<I>,
+    out: &mut Tensor<f32>,
+    n: u32,
+    vocab: InputScalar,
+    vocab_unbounded: u32,
+    ignore: InputScalar,
+    nan: f32,
+    #[comptime] has_ignore: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let n = n as usize;
+    if row < n {
+        let t = targets[row];
+        let l = lse[row];
+        let mut ignored = false;
+        if comptime![has_ignore] {
+            ignored = t == ignore.get::<I>();
+        }
+        let mut logp = nan;
+        if ignored {
+            logp = 0.0f32;
+        } else if t >= I::from_int(0) && (vocab_unbounded == 1u32 || t < vocab.get::<I>()) {
+            logp = picks[row] + (picks[n + row] - l);
+        }
+        out[2 * row] = logp;
+        out[2 * row + 1] = l;
+    }
+}
+
+fn contiguous<R: Runtime>(
+    arg: &'static str,
+    t: &TensorBinding<R>,
+    shape: &[usize],
+    elem_size: usize,
+    output: bool,
+) -> Result<(), KernelError> {
+    let view = if output {
+        check_out_view(arg, t, shape.len(), elem_size)?
+    } else {
+        check_view(arg, t, shape.len(), elem_size)?
+    };
+    expect_shape(arg, &view, shape)?;
+    let mut expected = 1;
+    for d in (0..shape.len()).rev() {
+        if shape[d] > 1 && view.stride(d) != expected {
+            return Err(KernelError::Layout {
+                arg,
+                reason: format!("expected a contiguous view, got strides {:?}", view.strides),
+            });
+        }
+        expected *= shape[d];
+    }
+    Ok(())
+}
+
+fn rows<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Result<(CubeCount, u32), KernelError> {
+    let n32 = crate::util::to_u32("targets", "N", n)?;
+    let (gx, _) = check_grid(client, "targets", n.div_ceil(BLOCK), 1)?;
+    Ok((CubeCount::Static(gx, 1, 1), n32))
+}
+
+/// An integer scalar of `targets`' dtype, saturated to its range.
+fn int_scalar(value: i64, dtype: IndexDType) -> InputScalar {
+    let value = match dtype {
+        IndexDType::I32 => value.clamp(i32::MIN as i64, i32::MAX as i64),
+        IndexDType::I64 => value,
+    };
+    InputScalar::new(value, dtype.storage())
+}
+
+/// `ignore_index` in `targets`' dtype, or `None` when no target of that dtype can equal it.
+fn ignore_scalar(ignore_index: Option<i64>, dtype: IndexDType) -> Option<i64> {
+    match (ignore_index, dtype) {
+        (Some(x), IndexDType::I32) => i32::try_from(x).ok().map(i64::from),
+        (x, _) => x,
+    }
+}
+
+/// The leaf `[start, end)` of a tensor-parallel rank: `out[i] = targets[i] − start` where the
+/// target lies in the leaf and is not `ignore_index`, `-1` where it is ignored, `-2` elsewhere.
+/// `targets` and `out`: contiguous `[N]`, dtype `dtype`.
+pub fn leaf_targets<R: Runtime>(
+    client: &ComputeClient<R>,
+    targets: &TensorBinding<R>,
+    out: &TensorBinding<R>,
+    dtype: StorageType,
+    start: usize,
+    end: usize,
+    ignore_index: Option<i64>,
+) -> Result<(), KernelError> {
+    let it = IndexDType::from_storage("targets", dtype)?;
+    let n = targets.shape.first().copied().unwrap_or(0);
+    contiguous("targets", targets, &[n], it.size(), false)?;
+    contiguous("out", out, &[n], it.size(), true)?;
+    if n == 0 {
+        return Ok(());
+    }
+    // A leaf beyond the dtype's range holds no target of that dtype: an empty range.
+    let max = match it {
+        IndexDType::I32 => i32::MAX as usize,
+        IndexDType::I64 => i64::MAX as usize,
+    };
+    let (start, len) = if start > max {
+        (max, 0)
+    } else {
+        (start, end.saturating_sub(start).min(max))
+    };
+    let ignore = ignore_scalar(ignore_index, it);
+    let (count, n32) = rows(client, n)?;
+    unsafe {
+        leaf_targets_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(BLOCK as u32),
+            raw_arg(targets),
+            raw_arg(out),
+            n32,
+            int_scalar(start as i64, it),
+            int_scalar(len as i64, it),
+            int_scalar(ignore.unwrap_or(0), it),
+            ignore.is_some(),
+            it.storage(),
+        );
+    }
+    Ok(())
+}
+
+/// `out = a ⊕ b` element-wise over contiguous f32 `[N]` (see the module docs).
+pub fn merge_lse<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &TensorBinding<R>,
+    b: &TensorBinding<R>,
+    out: &TensorBinding<R>,
+) -> Result<(), KernelError> {
+    let n = a.shape.first().copied().unwrap_or(0);
+    contiguous("a", a, &[n], 4, false)?;
+    contiguous("b", b, &[n], 4, false)?;
+    contiguous("out", out, &[n], 4, true)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (count, n32) = rows(client, n)?;
+    unsafe {
+        merge_lse_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(BLOCK as u32),
+            raw_arg(a),
+            raw_arg(b),
+            raw_arg(out),
+            n32,
+        );
+    }
+    Ok(())
+}
+
+/// `out [2, N]` f32: the leaf's `(logp, lse)` from `stats [N, 2]` where `leaf_targets [N] ≥ 0`,
+/// `acc [2, N]` (or 0) elsewhere. All contiguous.
+pub fn pick<R: Runtime>(
+    client: &ComputeClient<R>,
+    acc: Option<&TensorBinding<R>>,
+    stats: &TensorBinding<R>,
+    leaf_targets: &TensorBinding<R>,
+    targets_dtype: StorageType,
+    out: &TensorBinding<R>,
+) -> Result<(), KernelError> {
+    let it = IndexDType::from_storage("leaf_targets", targets_dtype)?;
+    let n = leaf_targets.shape.first().copied().unwrap_or(0);
+    contiguous("leaf_targets", leaf_targets, &[n], it.size(), false)?;
+    contiguous("stats", stats, &[n, 2], 4, false)?;
+    if let Some(acc) = acc {
+        contiguous("acc", acc, &[2, n], 4, false)?;
+    }
+    contiguous("out", out, &[2, n], 4, true)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (count, n32) = rows(client, n)?;
+    unsafe {
+        pick_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(BLOCK as u32),
+            raw_arg(acc.unwrap_or(stats)),
+            raw_arg(stats),
+            raw_arg(leaf_targets),
+            raw_arg(out),
+            n32,
+            acc.is_some(),
+            it.storage(),
+        );
+    }
+    Ok(())
+}
+
+/// `out [N, 2] = (logp, lse)` from the owners' `picks [2, N]` (logp row, lse row), the global
+/// `lse [N]` and `targets [N]` over the global vocabulary `[0, vocab)`. All contiguous.
+#[allow(clippy::too_many_arguments)]
+pub fn finish<R: Runtime>(
+    client: &ComputeClient<R>,
+    picks: &TensorBinding<R>,
+    lse: &TensorBinding<R>,
+    targets: &TensorBinding<R>,
+    targets_dtype: StorageType,
+    vocab: usize,
+    ignore_index: Option<i64>,
+    out: &TensorBinding<R>,
+) -> Result<(), KernelError> {
+    let it = IndexDType::from_storage("targets", targets_dtype)?;
+    let n = targets.shape.first().copied().unwrap_or(0);
+    contiguous("targets", targets, &[n], it.size(), false)?;
+    contiguous("picks", picks, &[2, n], 4, false)?;
+    contiguous("lse", lse, &[n], 4, false)?;
+    contiguous("out", out, &[n, 2], 4, true)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let unbounded = match it {
+        IndexDType::I32 => vocab > i32::MAX as usize,
+        IndexDType::I64 => vocab > i64::MAX as usize,
+    };
+    let ignore = ignore_scalar(ignore_index, it);
+    let (count, n32) = rows(client, n)?;
+    unsafe {
+        finish_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(BLOCK as u32),
+            raw_arg(picks),
+            raw_arg(lse),
+            raw_arg(targets),
+            raw_arg(out),
+            n32,
+            int_scalar(vocab.min(i64::MAX as usize) as i64, it),
+            unbounded as u32,
+            int_scalar(ignore.unwrap_or(0), it),
+            f32::NAN,
+            ignore.is_some(),
+            it.storage(),
+        );
+    }
+    Ok(())
+}
