@@ -38,12 +38,14 @@ struct Data {
     targets: Vec<i64>,
 }
 
-/// logp, lse, dHidden (rank 0's; every rank has the same) and the median time.
+/// logp, lse, dHidden (rank 0's; every rank has the same), the median time and the median
+/// host time (until the backward has been enqueued, before the closing device sync).
 struct Run {
     logp: Vec<f32>,
     lse: Vec<f32>,
     dhidden: Vec<f32>,
     time: Duration,
+    host: Duration,
 }
 
 fn data(n: usize, d: usize, v: usize) -> Data {
@@ -172,12 +174,14 @@ fn timed<P: Platform>(
     mut step: impl FnMut() -> Outputs<P>,
 ) -> Run {
     let mut times = Vec::new();
+    let mut host_times = Vec::new();
     let mut last = None;
     for _ in 0..=iters {
         <P::B as Backend>::sync(device).expect("device sync");
         before();
         let start = Instant::now();
         let outputs = step();
+        host_times.push(start.elapsed());
         <P::B as Backend>::sync(device).expect("device sync");
         times.push(start.elapsed());
         last = Some(outputs);
@@ -188,6 +192,7 @@ fn timed<P: Platform>(
         lse: host(lse),
         dhidden: host(dhidden),
         time: median(times[1..].to_vec()),
+        host: median(host_times[1..].to_vec()),
     }
 }
 
@@ -255,8 +260,13 @@ fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters:
         .map(|t| t.join().expect("rank thread"))
         .collect();
     let time = runs.iter().map(|r| r.time).max().unwrap_or_default();
+    let host = runs.iter().map(|r| r.host).max().unwrap_or_default();
     let first = runs.into_iter().next().expect("world ≥ 1");
-    Run { time, ..first }
+    Run {
+        time,
+        host,
+        ..first
+    }
 }
 
 fn run_single<P: Platform>(platform: &P, data: &Data, iters: usize) -> Run {
@@ -308,7 +318,10 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
     let platform = Arc::new(platform);
     let data = Arc::new(data(n, d, v));
     let single = run_single(&*platform, &data, iters);
-    println!("single-rank linear_logp: {:>10.3?}", single.time);
+    println!(
+        "single-rank linear_logp: {:>10.3?}  (host {:.3?})",
+        single.time, single.host
+    );
     // Within rounding of the single-rank API (a different summation order); bf16 inputs
     // round dHidden once per leaf.
     let tolerance = if platform.dtype() == DType::F32 {
@@ -327,7 +340,10 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
         ok &= dl <= tolerance && dz <= tolerance && dh <= tolerance;
     };
     let base = run_tp(&platform, &data, 1, iters);
-    println!("tp world 1             : {:>10.3?}", base.time);
+    println!(
+        "tp world 1             : {:>10.3?}  (host {:.3?})",
+        base.time, base.host
+    );
     close_to_single(&base);
     let mut worlds = vec![world];
     worlds.extend([2, 4, 8].into_iter().filter(|&w| w < world));
@@ -336,9 +352,10 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
     for w in worlds.into_iter().filter(|&w| w > 1) {
         let run = run_tp(&platform, &data, w, iters);
         println!(
-            "tp world {w}             : {:>10.3?}  ({:.3}× world 1)",
+            "tp world {w}             : {:>10.3?}  ({:.3}× world 1, host {:.3?})",
             run.time,
-            run.time.as_secs_f64() / base.time.as_secs_f64()
+            run.time.as_secs_f64() / base.time.as_secs_f64(),
+            run.host
         );
         println!(
             "RESULT tp_fwd_bwd world={w} n={n} d={d} v={v} ms={:.3} world1_ms={:.3} ratio={:.3}",
@@ -434,7 +451,11 @@ mod procs {
                 .expect("barrier");
         };
         let run = run_rank(&Gpu, &data, rank, world, &group, iters, barrier);
-        println!("rank_ms={:.3}", run.time.as_secs_f64() * 1e3);
+        println!(
+            "rank_ms={:.3} host_ms={:.3}",
+            run.time.as_secs_f64() * 1e3,
+            run.host.as_secs_f64() * 1e3
+        );
         drop(group);
         if rank != 0 {
             return true;

@@ -652,7 +652,10 @@ mod wgpu {
             .ok();
             if found.is_none() {
                 let required = std::env::var("BURN_INVARIANT_REQUIRE_WGPU").is_ok_and(|v| v == "1");
-                assert!(!required, "wgpu: no device, and BURN_INVARIANT_REQUIRE_WGPU=1 requires one");
+                assert!(
+                    !required,
+                    "wgpu: no device, and BURN_INVARIANT_REQUIRE_WGPU=1 requires one"
+                );
                 eprintln!("NOTICE: wgpu: no device found, skipping");
             }
             found
@@ -665,9 +668,11 @@ mod wgpu {
         X: burn::tensor::backend::AutodiffBackend + InvariantBackend,
     {
         let (p, shards, device) = (Arc::new(p.clone()), shards.to_vec(), device.clone());
-        ranks::on_ranks(InProcessGroup::new(shards.len()), WATCHDOG, move |rank, group| {
-            rank_run::<X, _>(&p, &device, shards[rank], &group)
-        })
+        ranks::on_ranks(
+            InProcessGroup::new(shards.len()),
+            WATCHDOG,
+            move |rank, group| rank_run::<X, _>(&p, &device, shards[rank], &group),
+        )
     }
 
     /// Worlds 1, 2, 4 bitwise equal to each other, and the single-rank NdArray API within f32
@@ -676,16 +681,20 @@ mod wgpu {
     where
         X: burn::tensor::backend::AutodiffBackend + InvariantBackend,
     {
-        for (shape, with_bias, ignore_every, seed) in
-            [([13, 24, 600], true, Some(4), 21), ([9, 16, 2100], false, None, 22)]
-        {
+        for (shape, with_bias, ignore_every, seed) in [
+            ([13, 24, 600], true, Some(4), 21),
+            ([9, 16, 2100], false, None, 22),
+        ] {
             let mut p = problem(shape, DType::F32, with_bias, ignore_every, seed);
             p.targets[1] = p.v as i64; // NaN, like the single-rank API
             p.options.skip_target_check = true;
             let single = single_rank::<AD>(&p, &Default::default());
             let reference = run_on::<X>(&p, &split(1, p.v), device);
             assert_matches_single_rank("world 1", &reference, &single);
-            assert!(reference[0].logp[1].is_nan(), "out-of-range target gives NaN");
+            assert!(
+                reference[0].logp[1].is_nan(),
+                "out-of-range target gives NaN"
+            );
             for world in [2, 4] {
                 let outs = run_on::<X>(&p, &split(world, p.v), device);
                 let what = format!("V={} world={world}", p.v);
@@ -723,7 +732,9 @@ mod wgpu {
         float::<X, 1>(values.to_vec(), [values.len()], device, DType::F32)
     }
 
-    fn prim<X: InvariantBackend, const D: usize>(t: Tensor<X, D>) -> burn::tensor::ops::FloatTensor<X> {
+    fn prim<X: InvariantBackend, const D: usize>(
+        t: Tensor<X, D>,
+    ) -> burn::tensor::ops::FloatTensor<X> {
         t.into_primitive().tensor()
     }
 
@@ -769,8 +780,32 @@ mod wgpu {
         }
 
         let inf = f32::INFINITY;
-        let a = [0.5f32, -3.0, 7.25, -inf, inf, -inf, f32::NAN, 2.0, 80.0, -1e-3, 1.5];
-        let b = [0.25f32, 12.0, 7.25, 3.5, inf, -inf, 1.0, f32::NAN, -20.0, 1e-3, -inf];
+        let a = [
+            0.5f32,
+            -3.0,
+            7.25,
+            -inf,
+            inf,
+            -inf,
+            f32::NAN,
+            2.0,
+            80.0,
+            -1e-3,
+            1.5,
+        ];
+        let b = [
+            0.25f32,
+            12.0,
+            7.25,
+            3.5,
+            inf,
+            -inf,
+            1.0,
+            f32::NAN,
+            -20.0,
+            1e-3,
+            -inf,
+        ];
         let got = back::<Raw, 1>(Raw::invariant_tp_merge_lse(
             prim(floats::<Raw>(&a, &device)),
             prim(floats::<Raw>(&b, &device)),
@@ -815,7 +850,8 @@ mod wgpu {
         };
         let two = |v: &[f32], d: &WgpuDevice| float::<Raw, 2>(v.to_vec(), [2, n], d, DType::F32);
         let two_cpu = |v: &[f32]| float::<B, 2>(v.to_vec(), [2, n], &cpu, DType::F32);
-        let stats_of = |v: &[f32], d: &WgpuDevice| float::<Raw, 2>(v.to_vec(), [n, 2], d, DType::F32);
+        let stats_of =
+            |v: &[f32], d: &WgpuDevice| float::<Raw, 2>(v.to_vec(), [n, 2], d, DType::F32);
         for with_acc in [false, true] {
             let (leaf_raw, leaf_cpu) = leaf(4, 10);
             let got = back::<Raw, 2>(Raw::invariant_tp_pick(
@@ -828,7 +864,11 @@ mod wgpu {
                 prim(float::<B, 2>(stats.clone(), [n, 2], &cpu, DType::F32)),
                 leaf_cpu,
             ));
-            assert_bits_eq(&format!("pick (acc {with_acc})"), &bits_of(&got), &bits_of(&want));
+            assert_bits_eq(
+                &format!("pick (acc {with_acc})"),
+                &bits_of(&got),
+                &bits_of(&want),
+            );
         }
         for (vocab, ignore) in [(11, Some(-100)), (12, None), (usize::MAX, Some(7))] {
             let got = back::<Raw, 2>(Raw::invariant_tp_finish(
@@ -845,7 +885,11 @@ mod wgpu {
                 vocab,
                 ignore,
             ));
-            assert_bits_eq(&format!("finish V={vocab}"), &bits_of(&got), &bits_of(&want));
+            assert_bits_eq(
+                &format!("finish V={vocab}"),
+                &bits_of(&got),
+                &bits_of(&want),
+            );
         }
     }
 }

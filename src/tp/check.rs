@@ -336,6 +336,8 @@ pub(crate) fn collective<B: InvariantBackend, G: Collective<B>>(
     group: &G,
 ) -> Result<(Plan, Implementation), InvariantError> {
     let (rank, world) = (group.rank(), group.world_size());
+    let device = inputs.hidden.device();
+    let mut trace = super::engine::Trace::<B>::start(&device);
     let mut row = vec![0u64; WORDS];
     row[RANK] = rank as u64;
     row[WORLD] = world as u64;
@@ -347,7 +349,9 @@ pub(crate) fn collective<B: InvariantBackend, G: Collective<B>>(
             None
         }
     };
+    trace.mark("validation: local checks and the targets read");
     let gathered = group.all_gather_host(&row)?;
+    trace.mark("validation: table exchange");
     if gathered.len() != world * WORDS {
         return Err(InvariantError::Collective {
             reason: format!(

@@ -160,7 +160,10 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
         .collect();
     let block = plan.block();
     if rows.len() < block {
-        rows.push(Tensor::zeros([block - rows.len(), n], (&device, DType::F32)));
+        rows.push(Tensor::zeros(
+            [block - rows.len(), n],
+            (&device, DType::F32),
+        ));
     }
     // A rank holds at least one leaf (shards are non-empty).
     rows.push(picks.map_or_else(|| Tensor::zeros([2, n], (&device, DType::F32)), wrap));

@@ -16,13 +16,16 @@
 //! - The vocabulary is cut into [`SEGMENTS`] = 8 segments by [`segment_bounds`], a function of
 //!   `V_global` only. A *leaf* is a segment, or the piece of a segment a rank holds when a
 //!   shard boundary cuts it. Each leaf is one call of the single-rank primitive on that slice
-//!   of the weight (targets outside the leaf become ignored), so it walks its tiles in
-//!   ascending order and its result does not depend on the rank that runs it.
+//!   of the weight (a target in another leaf matches no column of this one), so it walks its
+//!   tiles in ascending order and its result does not depend on the rank that runs it.
 //! - Leaf `lse`s are combined in one fixed binary tree over the segments (halving:
 //!   `[0,8) = [0,4) ⊕ [4,8)`, …) with `a ⊕ b = max + ln(1 + exp(−|a − b|))`. A rank evaluates
 //!   the largest tree nodes inside its shard; one all-gather exchanges them, and every rank
 //!   evaluates the upper levels of the same tree. The target's `logp` comes from the leaf
 //!   that owns it: `logp = logp_leaf + (lse_leaf − lse)`.
+//! - The per-row steps (target remap, `⊕`, owner pick, final `logp`) are backend primitives
+//!   (`InvariantBackend::invariant_tp_*`): one CubeCL kernel each on `CubeBackend`, a few Burn
+//!   ops elsewhere, so a rank issues a handful of launches per leaf, not dozens of tiny ops.
 //! - Backward: each leaf recomputes its logits with the **global** `lse`; rows whose target
 //!   lies elsewhere get `dz = (dLse − dLogp)·p`. `dHidden` leaf partials (f32) are added in the
 //!   same tree, exchanged with one all-gather; `dWeight`/`dBias` stay local.
@@ -181,7 +184,7 @@ where
         },
         group,
     )?;
-    trace.mark("validation");
+    trace.mark("validation: verdict");
     let n = hidden.dims()[0];
     let inputs = LinearLogpInputs {
         hidden: hidden.into_primitive().tensor(),
