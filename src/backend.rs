@@ -43,7 +43,8 @@ pub struct LinearLogpInputs<B: Backend> {
     pub weight: FloatTensor<B>,
     /// `[V]`, same dtype as `weight`.
     pub bias: Option<FloatTensor<B>>,
-    /// `[N]`, each in `[0, V)` or equal to `ignore_index`.
+    /// `[N]`. A target outside `[0, V)` that is not `ignore_index` matches no column: `logp`
+    /// NaN, and `dz = (dLse − dLogp)·p` (no one-hot term); the tensor-parallel leaves rely on it.
     pub targets: IntTensor<B>,
     /// Rows whose target equals this get `logp = 0` and no logp gradient.
     pub ignore_index: Option<i64>,

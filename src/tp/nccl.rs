@@ -37,7 +37,9 @@ use burn_cubecl::{
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 use cubecl::prelude::ComputeClient;
 use cubecl::server::Handle;
-use cudarc::driver::{CudaContext, CudaStream, sys as driver_sys};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DriverError, PinnedHostSlice, sys as driver_sys,
+};
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 
 use super::Collective;
@@ -124,6 +126,37 @@ struct Shared {
     broken: Mutex<Option<InvariantError>>,
     /// The stream-ordering state, made at the first tensor exchange on the caller's client.
     ordered: Mutex<Option<Ordered>>,
+    /// The host exchange's buffers, made at its first call and kept: no allocation per call.
+    envelopes: Mutex<Option<Envelopes>>,
+}
+
+/// Device and page-locked host buffers of one host exchange: one envelope out, `world` in.
+struct Envelopes {
+    send: CudaSlice<u64>,
+    recv: CudaSlice<u64>,
+    host_send: PinnedHostSlice<u64>,
+    host_recv: PinnedHostSlice<u64>,
+}
+
+impl Envelopes {
+    /// Room for blocks of up to `words` words.
+    fn new(stream: &Arc<CudaStream>, world: usize, words: usize) -> Result<Self, DriverError> {
+        let context = stream.context();
+        // SAFETY: a block is written to `host_send` before it is sent, and `host_recv` is read
+        // only after the gathered blocks were copied into it.
+        let (host_send, host_recv) = unsafe {
+            (
+                context.alloc_pinned_with_flags::<u64>(words, 0)?,
+                context.alloc_pinned_with_flags::<u64>(words * world, 0)?,
+            )
+        };
+        Ok(Self {
+            send: stream.alloc_zeros::<u64>(words)?,
+            recv: stream.alloc_zeros::<u64>(words * world)?,
+            host_send,
+            host_recv,
+        })
+    }
 }
 
 impl Drop for Shared {
@@ -372,6 +405,7 @@ impl NcclGroup {
                 comm: Mutex::new(Some(comm)),
                 broken: Mutex::new(None),
                 ordered: Mutex::new(None),
+                envelopes: Mutex::new(None),
             }),
         }
     }
@@ -530,13 +564,15 @@ impl NcclGroup {
     }
 
     /// Runs one all-gather of `count` elements of `dtype` from `send` into `recv` on the
-    /// group's stream and waits for it, bounded by the timeout.
+    /// group's stream, then whatever `after` enqueues behind it, and waits for the stream,
+    /// bounded by the timeout.
     fn all_gather_raw(
         &self,
         send: u64,
         recv: u64,
         count: usize,
         dtype: nccl_sys::ncclDataType_t,
+        after: impl FnOnce() -> Result<(), DriverError>,
     ) -> Result<(), InvariantError> {
         let shared = &self.shared;
         let (mut comm, raw) = self.live_comm()?;
@@ -554,6 +590,10 @@ impl NcclGroup {
         };
         if let Err(e) = enqueued {
             let error = collective(format!("rank {}: ncclAllGather: {e:?}", shared.rank));
+            return Err(self.fail(&mut comm, error));
+        }
+        if let Err(e) = after() {
+            let error = collective(format!("rank {}: host copy: {e:?}", shared.rank));
             return Err(self.fail(&mut comm, error));
         }
         let deadline = Instant::now() + shared.timeout;
@@ -677,16 +717,35 @@ impl<B: NcclBackend> Collective<B> for NcclGroup {
         let copy_err = |e| collective(format!("rank {}: host copy: {e:?}", shared.rank));
         // Lengths first: NCCL itself cannot tell blocks of different lengths apart.
         let gather = |words: &[u64]| -> Result<Vec<u64>, InvariantError> {
+            let mut envelopes = Self::lock(&shared.envelopes);
+            if envelopes
+                .as_ref()
+                .is_none_or(|b| b.send.len() < words.len())
+            {
+                let room = words.len().max(HOST_ENVELOPE);
+                *envelopes = Some(Envelopes::new(stream, world, room).map_err(copy_err)?);
+            }
+            let Some(bufs) = envelopes.as_mut() else {
+                unreachable!("made above")
+            };
             stream.context().bind_to_thread().map_err(copy_err)?;
-            let send = stream.clone_htod(words).map_err(copy_err)?;
-            let recv = stream
-                .alloc_zeros::<u64>(words.len() * world)
+            bufs.host_send.as_mut_slice().map_err(copy_err)?[..words.len()].copy_from_slice(words);
+            // Copy in, gather and copy out are ordered on the group's stream; one wait.
+            stream
+                .memcpy_htod(&bufs.host_send, &mut bufs.send)
                 .map_err(copy_err)?;
-            // The copies above are ordered before the all-gather on the same stream.
-            let (s, _s) = cudarc::driver::DevicePtr::device_ptr(&send, stream);
-            let (r, _r) = cudarc::driver::DevicePtr::device_ptr(&recv, stream);
-            self.all_gather_raw(s, r, words.len(), nccl_sys::ncclDataType_t::ncclUint64)?;
-            stream.clone_dtoh(&recv).map_err(copy_err)
+            let s = cudarc::driver::DevicePtr::device_ptr(&bufs.send, stream).0;
+            let r = cudarc::driver::DevicePtr::device_ptr(&bufs.recv, stream).0;
+            let (recv, host_recv) = (&bufs.recv, &mut bufs.host_recv);
+            self.all_gather_raw(
+                s,
+                r,
+                words.len(),
+                nccl_sys::ncclDataType_t::ncclUint64,
+                || stream.memcpy_dtoh(recv, host_recv),
+            )?;
+            // Rank r's block sits at `r · words.len()` (NCCL's layout for this count).
+            Ok(bufs.host_recv.as_slice().map_err(copy_err)?[..words.len() * world].to_vec())
         };
         self.check_device_waits()?;
         // One fixed-size envelope per rank, `[length, first words]`, so NCCL's counts agree
