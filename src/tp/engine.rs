@@ -2,8 +2,9 @@
 //!
 //! Every leaf (a segment, or the piece of one that a rank holds) is one call of the
 //! single-rank primitives on that slice of the weight, with the targets remapped: rows whose
-//! target lies in the leaf get its local index, every other row the ignore sentinel. A leaf's
-//! computation therefore does not depend on which rank runs it.
+//! target lies in the leaf get its local index, ignored rows the ignore sentinel, every other
+//! row −2 (no column of this leaf). A leaf's computation therefore does not depend on which
+//! rank runs it.
 use burn::tensor::{
     DType, Tensor, TensorPrimitive,
     ops::{FloatTensor, IntTensor},
