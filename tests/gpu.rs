@@ -9,27 +9,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-/// Probes a device once; `None` (with a notice) when it is absent and not required.
-fn probe<D: Clone + Send + Sync + 'static>(
-    cell: &'static OnceLock<Option<D>>,
-    what: &str,
-    require_env: &str,
-    init: impl FnOnce() -> Option<D> + std::panic::UnwindSafe,
-) -> Option<D> {
-    cell.get_or_init(|| {
-        let found = std::panic::catch_unwind(init).ok().flatten();
-        if found.is_none() {
-            if std::env::var(require_env).is_ok_and(|v| v == "1") {
-                panic!("{what}: no device, and {require_env}=1 requires one");
-            }
-            eprintln!(
-                "NOTICE: {what}: no device found, skipping (set {require_env}=1 to fail instead)"
-            );
-        }
-        found
-    })
-    .clone()
-}
+use common::probe;
 
 /// Cross-backend reference mode: the f32 `CubeCl` GEMM (FMA path) gives the bits of `Reference`
 /// (NdArray, `f32::mul_add` chains), with and without bias, on shapes that are no multiple of any

@@ -642,25 +642,12 @@ mod wgpu {
 
     fn device() -> Option<WgpuDevice> {
         static CELL: OnceLock<Option<WgpuDevice>> = OnceLock::new();
-        CELL.get_or_init(|| {
-            let found = std::panic::catch_unwind(|| {
-                let device = WgpuDevice::DefaultDevice;
-                // Creating the client panics when no adapter exists.
-                let _ = <WgpuRuntime as cubecl::Runtime>::client(&device);
-                device
-            })
-            .ok();
-            if found.is_none() {
-                let required = std::env::var("BURN_INVARIANT_REQUIRE_WGPU").is_ok_and(|v| v == "1");
-                assert!(
-                    !required,
-                    "wgpu: no device, and BURN_INVARIANT_REQUIRE_WGPU=1 requires one"
-                );
-                eprintln!("NOTICE: wgpu: no device found, skipping");
-            }
-            found
+        common::probe(&CELL, "wgpu", "BURN_INVARIANT_REQUIRE_WGPU", || {
+            let device = WgpuDevice::DefaultDevice;
+            // Creating the client panics when no adapter exists.
+            let _ = <WgpuRuntime as cubecl::Runtime>::client(&device);
+            Some(device)
         })
-        .clone()
     }
 
     fn run_on<X>(p: &Problem, shards: &[VocabShard], device: &X::Device) -> Vec<RankOut>

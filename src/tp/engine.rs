@@ -52,11 +52,11 @@ impl<'a, B: InvariantBackend> Trace<'a, B> {
 /// (the leaf owns it), −1 (ignored) or −2 (it lies in another leaf: no column of this one).
 const SENTINEL: i64 = -1;
 
-fn wrap<B: InvariantBackend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+pub(crate) fn wrap<B: InvariantBackend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-fn raw<B: InvariantBackend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+pub(crate) fn raw<B: InvariantBackend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 

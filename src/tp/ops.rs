@@ -1,13 +1,10 @@
 //! The per-row steps of the segment algorithm as plain Burn ops: the default of the
 //! `invariant_tp_*` primitives (the reference on NdArray; `Fusion` fuses them). `CubeBackend`
 //! runs each as one kernel of `burn_invariant_cubecl::tp` with the same arithmetic.
-use burn::tensor::{Int, Tensor, TensorPrimitive, ops::FloatTensor, ops::IntTensor};
+use burn::tensor::{Int, Tensor, ops::FloatTensor, ops::IntTensor};
 
+use super::engine::{raw, wrap as float};
 use crate::InvariantBackend;
-
-fn float<B: InvariantBackend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
 
 fn int<B: InvariantBackend>(t: IntTensor<B>) -> Tensor<B, 1, Int> {
     Tensor::from_primitive(t)
@@ -42,7 +39,7 @@ pub(crate) fn merge_lse<B: InvariantBackend>(
     let max = a.clone().max_pair(b.clone());
     let same = a.clone().equal(b.clone());
     let gap = (a - b).abs().neg().mask_fill(same, 0.0);
-    (max + gap.exp().log1p()).into_primitive().tensor()
+    raw(max + gap.exp().log1p())
 }
 
 pub(crate) fn pick<B: InvariantBackend>(
@@ -59,7 +56,7 @@ pub(crate) fn pick<B: InvariantBackend>(
         Some(acc) => float::<B, 2>(acc).mask_where(owned, picked),
         None => picked.mask_fill(owned.bool_not(), 0.0),
     };
-    out.into_primitive().tensor()
+    raw(out)
 }
 
 pub(crate) fn finish<B: InvariantBackend>(
@@ -82,7 +79,5 @@ pub(crate) fn finish<B: InvariantBackend>(
     if let Some(ignore) = ignore_index {
         logp = logp.mask_fill(t.equal_elem(ignore), 0.0);
     }
-    Tensor::stack::<2>(vec![logp, lse], 1)
-        .into_primitive()
-        .tensor()
+    raw(Tensor::stack::<2>(vec![logp, lse], 1))
 }

@@ -1154,3 +1154,25 @@ macro_rules! invariant_testsuite {
         }
     };
 }
+
+/// Probes a device once; `None` (with a notice) when it is absent and not required.
+pub fn probe<D: Clone + Send + Sync + 'static>(
+    cell: &'static std::sync::OnceLock<Option<D>>,
+    what: &str,
+    require_env: &str,
+    init: impl FnOnce() -> Option<D> + std::panic::UnwindSafe,
+) -> Option<D> {
+    cell.get_or_init(|| {
+        let found = std::panic::catch_unwind(init).ok().flatten();
+        if found.is_none() {
+            if std::env::var(require_env).is_ok_and(|v| v == "1") {
+                panic!("{what}: no device, and {require_env}=1 requires one");
+            }
+            eprintln!(
+                "NOTICE: {what}: no device found, skipping (set {require_env}=1 to fail instead)"
+            );
+        }
+        found
+    })
+    .clone()
+}
