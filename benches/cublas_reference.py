@@ -2,7 +2,7 @@
 """cuBLAS (through PyTorch) side of the GPU report: the same shapes as benches/gpu_report.rs, printed as
 RESULT lines with impl=cuBLAS. Timing: CUDA events, 200 ms of warm-up, median of repetitions of a batch of calls,
 random data, TF32 off. For linear_logp the reference is one [N,D]x[D,V] GEMM (four for forward+backward),
-with V rounded up to a multiple of 128 (SPEC section 8: cuBLAS takes a slow path at V=50257)."""
+with V rounded up to a multiple of 128 (cuBLAS takes a slow path at V=50257)."""
 import time
 
 import torch

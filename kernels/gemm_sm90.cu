@@ -244,20 +244,11 @@ __device__ __forceinline__ void gemm_body(const TmaDesc* tmA, const TmaDesc* tmB
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nn_bf16)
 IB_GEMM_ENTRY(ib_gemm_nn_bf16, __nv_bfloat16, 256, 2, 4, 0, 1, 2)
 #endif
-#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nn_bf16_nocluster)
-IB_GEMM_ENTRY(ib_gemm_nn_bf16_nocluster, __nv_bfloat16, 256, 2, 4, 0, 1, 1)
-#endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nt_bf16)
 IB_GEMM_ENTRY(ib_gemm_nt_bf16, __nv_bfloat16, 256, 2, 4, 0, 0, 2)
 #endif
-#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nt_bf16_nocluster)
-IB_GEMM_ENTRY(ib_gemm_nt_bf16_nocluster, __nv_bfloat16, 256, 2, 4, 0, 0, 1)
-#endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_tn_bf16)
 IB_GEMM_ENTRY(ib_gemm_tn_bf16, __nv_bfloat16, 256, 2, 4, 1, 1, 2)
-#endif
-#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_tn_bf16_nocluster)
-IB_GEMM_ENTRY(ib_gemm_tn_bf16_nocluster, __nv_bfloat16, 256, 2, 4, 1, 1, 1)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nn_small_bf16)
 IB_GEMM_ENTRY(ib_gemm_nn_small_bf16, __nv_bfloat16, 64, 1, 8, 0, 1, 1)
@@ -268,20 +259,11 @@ IB_GEMM_ENTRY(ib_gemm_nt_small_bf16, __nv_bfloat16, 64, 1, 8, 0, 0, 1)
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nn_f16)
 IB_GEMM_ENTRY(ib_gemm_nn_f16, __half, 256, 2, 4, 0, 1, 2)
 #endif
-#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nn_f16_nocluster)
-IB_GEMM_ENTRY(ib_gemm_nn_f16_nocluster, __half, 256, 2, 4, 0, 1, 1)
-#endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nt_f16)
 IB_GEMM_ENTRY(ib_gemm_nt_f16, __half, 256, 2, 4, 0, 0, 2)
 #endif
-#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nt_f16_nocluster)
-IB_GEMM_ENTRY(ib_gemm_nt_f16_nocluster, __half, 256, 2, 4, 0, 0, 1)
-#endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_tn_f16)
 IB_GEMM_ENTRY(ib_gemm_tn_f16, __half, 256, 2, 4, 1, 1, 2)
-#endif
-#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_tn_f16_nocluster)
-IB_GEMM_ENTRY(ib_gemm_tn_f16_nocluster, __half, 256, 2, 4, 1, 1, 1)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_gemm_nn_small_f16)
 IB_GEMM_ENTRY(ib_gemm_nn_small_f16, __half, 64, 1, 8, 0, 1, 1)

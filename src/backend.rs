@@ -1,14 +1,18 @@
-//! The backend extension trait: the primitive operations every implementation provides.
+//! The backend extension trait: the primitive operations every implementation provides, and
+//! the types they take.
 //!
 //! Primitives receive already-validated inputs and the [`Implementation`] the registry chose,
 //! so a backend with several implementations (CUDA: CubeCL and SM90) dispatches without
-//! re-deciding. They never fail: every check happens before, in the public API.
+//! re-deciding. They never fail: every check happens before, in the public API. The default
+//! bodies of the tensor-parallel primitives are plain Burn ops (`backends::generic`).
 use burn::tensor::{
-    DType,
+    DType, Tensor,
     backend::Backend,
     ops::{FloatTensor, IntTensor},
 };
 
+use crate::InvariantError;
+use crate::backends::generic;
 use crate::registry::{Candidate, Implementation, Op};
 
 /// The sizes of one call, for [`InvariantBackend::check_problem`].
@@ -83,7 +87,7 @@ pub struct LinearLogpGrads<B: Backend> {
 
 /// A Burn backend that runs burn-invariant's deterministic, batch-invariant ops.
 ///
-/// Contract of every implementation (SPEC §3–§4): f32 accumulation, a reduction order fixed by
+/// Contract of every implementation (docs/CONTRACT.md, *Invariance*): f32 accumulation, a reduction order fixed by
 /// `(dtype, K, N, device)` and never by the number of rows, no split-K, no autotune, no float
 /// atomics, and no `[N, V]` logits for `linear_logp`.
 pub trait InvariantBackend: Backend {
@@ -154,13 +158,13 @@ pub trait InvariantBackend: Backend {
         end: usize,
         ignore_index: Option<i64>,
     ) -> IntTensor<Self> {
-        crate::tp::ops::leaf_targets::<Self>(targets, start, end, ignore_index)
+        generic::leaf_targets::<Self>(targets, start, end, ignore_index)
     }
 
     /// Tensor-parallel `lse` merge, element-wise over f32 `[N]`:
     /// `a ⊕ b = max + ln(1 + exp(−|a − b|))`, with the gap taken as 0 when `a == b`.
     fn invariant_tp_merge_lse(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::tp::ops::merge_lse::<Self>(a, b)
+        generic::merge_lse::<Self>(a, b)
     }
 
     /// Tensor-parallel owner pick: f32 `[2, N]` holding a leaf's `(logp, lse)` from
@@ -170,7 +174,7 @@ pub trait InvariantBackend: Backend {
         stats: FloatTensor<Self>,
         leaf_targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        crate::tp::ops::pick::<Self>(acc, stats, leaf_targets)
+        generic::pick::<Self>(acc, stats, leaf_targets)
     }
 
     /// Tensor-parallel result `[N, 2]` f32 `(logp, lse)` from the owners' `picks [2, N]`, the
@@ -183,19 +187,81 @@ pub trait InvariantBackend: Backend {
         vocab: usize,
         ignore_index: Option<i64>,
     ) -> FloatTensor<Self> {
-        crate::tp::ops::finish::<Self>(picks, lse, targets, vocab, ignore_index)
+        generic::finish::<Self>(picks, lse, targets, vocab, ignore_index)
     }
 
-    /// Tensor-parallel [`Self::invariant_linear_logp`] (`crate::tp`) on validated inputs: this
-    /// rank's `[N, 2]` f32 `(logp, lse)` over the global vocabulary. The default runs the
-    /// segment algorithm with this backend's primitives; `Autodiff` overrides it to record a
-    /// backward that exchanges `dHidden` through `group`. Fails only if the collective does.
-    fn invariant_tp_linear_logp<G: crate::tp::Collective<Self> + Clone + 'static>(
+    /// A `linear_logp` that `engine` computes from this backend's primitives and `group` (the
+    /// tensor-parallel one, `crate::tp`), on validated inputs: `[N, 2]` f32 `(logp, lse)`.
+    /// The default runs the engine's forward; `Autodiff` overrides it to record a backward
+    /// that runs the engine's backward through the same group. Fails only if the collective
+    /// does.
+    fn invariant_collective_linear_logp<E, G>(
         inputs: LinearLogpInputs<Self>,
-        plan: &crate::tp::Plan,
+        engine: &E,
         group: &G,
-        implementation: Implementation,
-    ) -> Result<FloatTensor<Self>, crate::InvariantError> {
-        crate::tp::engine_forward::<Self, G>(inputs, plan, group, implementation)
+    ) -> Result<FloatTensor<Self>, InvariantError>
+    where
+        E: CollectiveLogp,
+        G: Collective<Self> + Clone + 'static,
+    {
+        engine.forward(inputs, group)
     }
+}
+
+/// A `linear_logp` computed across the ranks of a [`Collective`] from the single-rank
+/// primitives of any backend: the tensor-parallel engine. Generic over the backend so that
+/// `Autodiff<B>` can run it on `B` and record its backward.
+pub trait CollectiveLogp: core::fmt::Debug + Clone + Send + Sync + 'static {
+    /// This rank's `[N, 2]` f32 `(logp, lse)` over the global vocabulary.
+    fn forward<B: InvariantBackend, G: Collective<B>>(
+        &self,
+        inputs: LinearLogpInputs<B>,
+        group: &G,
+    ) -> Result<FloatTensor<B>, InvariantError>;
+
+    /// Gradients of [`Self::forward`] from its `stats [N, 2]` and the upstream `grad [N, 2]`.
+    fn backward<B: InvariantBackend, G: Collective<B>>(
+        &self,
+        inputs: LinearLogpInputs<B>,
+        stats: FloatTensor<B>,
+        grad: FloatTensor<B>,
+        request: GradRequest,
+        group: &G,
+    ) -> Result<LinearLogpGrads<B>, InvariantError>;
+}
+
+/// A communicator of `world_size()` ranks, seen from one of them.
+///
+/// The tensor-parallel algorithm needs only all-gathers: validation exchanges one small host
+/// block per rank, the forward one `[items + 2, N]` f32 block, the backward one `[items, N, D]`
+/// f32 block. Every combine then happens locally in a fixed order, so no reduction order is
+/// left to the communicator (an NCCL sum-all-reduce would be).
+///
+/// Contract of every implementation:
+/// - every rank calls the same operations in the same order, each with a block of the same
+///   length; results are the blocks of ranks `0..world` concatenated, **bit for bit**;
+/// - a failure (a rank missing past a timeout, blocks of different lengths) makes the call
+///   return the same [`InvariantError::Collective`] on every rank in bounded time; the group
+///   may be unusable afterwards.
+///
+/// Implementations: `tp::InProcessGroup` (threads of one process, any backend; for tests and
+/// single-host use) and, with the `cuda` feature, `tp::NcclGroup` (one NCCL communicator per
+/// GPU, `ncclAllGather` on cubecl's buffers, for the CUDA backends).
+///
+/// Under `Autodiff<B>` the group is called with untracked `Autodiff<B>` tensors, also from
+/// inside the backward pass; it must be `Clone` (a cheap handle to the same communicator) so
+/// the backward can keep it.
+pub trait Collective<B: Backend>: core::fmt::Debug + Send + Sync {
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// The number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// All-gather of a small host block: returns the `world_size()` blocks in rank order.
+    fn all_gather_host(&self, block: &[u64]) -> Result<Vec<u64>, InvariantError>;
+
+    /// All-gather of an f32 device block `[len]`: returns `[world_size() · len]`, the blocks in
+    /// rank order, on `block`'s device.
+    fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, InvariantError>;
 }

@@ -2,10 +2,13 @@
 //! [`Implementation`], honours the `BURN_INVARIANT_IMPL` override and refuses, with a reason,
 //! when a forced implementation cannot run. Backends declare what they can run through
 //! [`InvariantBackend::implementations`]; callers never branch on the backend themselves.
-use std::collections::HashSet;
+use std::any::TypeId;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock};
 
 use burn::tensor::DType;
+use burn::tensor::backend::{DeviceId, DeviceOps};
 
 use crate::{InvariantBackend, InvariantError};
 
@@ -76,15 +79,30 @@ impl Candidate {
     }
 }
 
-/// The implementation forced by `BURN_INVARIANT_IMPL`, if any.
+/// The implementation forced by `BURN_INVARIANT_IMPL`, if any. Read at every call (without an
+/// allocation when unset), so a change made while the program runs takes effect.
 pub fn forced_implementation() -> Result<Option<Implementation>, InvariantError> {
-    match std::env::var(OVERRIDE_ENV) {
-        Ok(value) if value.trim().is_empty() => Ok(None),
-        Ok(value) => Implementation::from_env_name(&value)
-            .map(Some)
-            .ok_or(InvariantError::InvalidOverride { got: value }),
-        Err(_) => Ok(None),
+    let Some(value) = std::env::var_os(OVERRIDE_ENV) else {
+        return Ok(None);
+    };
+    let value = value.to_string_lossy();
+    if value.trim().is_empty() {
+        return Ok(None);
     }
+    Implementation::from_env_name(&value)
+        .map(Some)
+        .ok_or_else(|| InvariantError::InvalidOverride {
+            got: value.into_owned(),
+        })
+}
+
+/// What decides a choice: the backend type, the op, the dtype, the device and the override.
+type ChoiceKey = (TypeId, Op, DType, DeviceId, Option<Implementation>);
+
+thread_local! {
+    /// Choices already made on this thread: a backend's candidates are fixed for a device, so
+    /// a call after the first costs one lookup (no lock, no allocation).
+    static CHOICES: RefCell<HashMap<ChoiceKey, Implementation>> = RefCell::new(HashMap::new());
 }
 
 /// Which implementation runs `op` on `device` for `dtype`, or the error the call would return.
@@ -97,9 +115,26 @@ pub fn implementation_for<B: InvariantBackend>(
     device: &B::Device,
     dtype: DType,
 ) -> Result<Implementation, InvariantError> {
+    let forced = forced_implementation()?;
+    let key = (TypeId::of::<B>(), op, dtype, device.id(), forced);
+    if let Some(chosen) = CHOICES.with(|choices| choices.borrow().get(&key).copied()) {
+        return Ok(chosen);
+    }
+    let chosen = choose::<B>(op, device, dtype, forced)?;
+    CHOICES.with(|choices| choices.borrow_mut().insert(key, chosen));
+    Ok(chosen)
+}
+
+/// The choice from the backend's candidates, or the error; logs the first use of each.
+fn choose<B: InvariantBackend>(
+    op: Op,
+    device: &B::Device,
+    dtype: DType,
+    forced: Option<Implementation>,
+) -> Result<Implementation, InvariantError> {
     let candidates = B::implementations(op, device, dtype);
     let backend = || B::name(device);
-    let chosen = match forced_implementation()? {
+    let chosen = match forced {
         Some(forced) => match candidates.iter().find(|c| c.implementation == forced) {
             Some(Candidate {
                 availability: Ok(()),

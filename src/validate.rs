@@ -1,4 +1,4 @@
-//! Checks shared by the public functions; each returns the typed error of SPEC §7.
+//! Checks shared by the public functions; each returns the typed error of docs/CONTRACT.md, *Errors*.
 use burn::tensor::{DType, Int, Tensor, backend::Backend};
 
 use crate::InvariantError;

@@ -267,8 +267,9 @@ mod fusion_sm90 {
     }
 }
 
-/// SPEC §6 at production size on the GPU: a row's bits do not depend on whether it is scored
-/// alone (M = 1), in a batch of 4096, or in chunked-prefill pieces cut off tile boundaries.
+/// Row invariance (docs/CONTRACT.md, *Invariance*) at production size on the GPU: a row's bits
+/// do not depend on whether it is scored alone (M = 1), in a batch of 4096, or in
+/// chunked-prefill pieces cut off tile boundaries.
 #[cfg(feature = "cuda")]
 mod cuda_large_batch {
     use super::common::{Rng, assert_bits_eq, bits, float, ints};

@@ -19,8 +19,7 @@ KDIR = os.path.dirname(HERE)
 
 SOURCES = {
     "gemm_sm90.cu": [f"ib_gemm_{l}{s}_{t}" for t in ("bf16", "f16") for l, s in
-                     (("nn", ""), ("nt", ""), ("tn", ""), ("nn", "_small"), ("nt", "_small"))]
-    + [f"ib_gemm_{l}_{t}_nocluster" for t in ("bf16", "f16") for l in ("nn", "nt", "tn")],
+                     (("nn", ""), ("nt", ""), ("tn", ""), ("nn", "_small"), ("nt", "_small"))],
     "linear_logp_sm90.cu": [f"ib_logp_{k}_{t}" for t in ("bf16", "f16") for k in ("fwd", "bwd_dz", "bwd_dbias")]
     + ["ib_logp_merge"],
     "stream_sync.cu": ["ib_signal", "ib_wait", "ib_copy"],

@@ -152,7 +152,6 @@ def sfx(dt):
 GEMM_BIAS, GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C = 1, 2, 4, 8
 # variant -> (BM, BN, threads, dynamic smem bytes, cluster size, entry suffix)
 VARIANT = {"big": (128, 256, 384, 1024 + 4 * 49152 + 64, 2, ""),
-           "nocluster": (128, 256, 384, 1024 + 4 * 49152 + 64, 1, "_nocluster"),
            "small": (64, 64, 256, 1024 + 8 * 16384 + 128, 1, "_small")}
 
 
@@ -187,7 +186,7 @@ def gemm(layout, a, b, bias=None, out=None, variant="big", flags=None, cacc=None
         flags = GEMM_STORE_C | (GEMM_BIAS if bias is not None else 0)
     params = struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
     _, _, thr, smem, _, suf = VARIANT[variant]
-    name = f"ib_gemm_{layout}{'_small' if variant == 'small' else ''}_{sfx(a.dtype)}{suf if variant == 'nocluster' else ''}"
+    name = f"ib_gemm_{layout}{suf}_{sfx(a.dtype)}"
     launch("gemm_sm90.cu", name, gemm_grid(variant, M, N), thr, smem, [ta, tb], [a, b, a, b, bias, out, cacc], params)
     return out
 
@@ -216,7 +215,7 @@ def test_gemm():
     for dt in (torch.bfloat16, torch.float16):
         tol = 1e-2 if dt == torch.bfloat16 else 2e-3
         for layout in ("nn", "nt", "tn"):
-            for variant in (("big", "nocluster", "small") if layout != "tn" else ("big", "nocluster")):
+            for variant in (("big", "small") if layout != "tn" else ("big",)):
                 for (M, K, N) in shapes:
                     if layout == "tn" and M % 8:
                         M += 8 - M % 8  # TN: A[K,M] row stride M must be a multiple of 8
@@ -249,8 +248,6 @@ def test_gemm():
             full = gemm("nn", X, W, bias)
             again = gemm("nn", X, W, bias)
             check(f"determinism nn {sfx(dt)} K={K} N={N}", torch.equal(full, again))
-            nc_full = gemm("nn", X, W, bias, variant="nocluster")
-            check(f"cluster == no-cluster bitwise, M=4096 {sfx(dt)} K={K} N={N}", torch.equal(nc_full, full))
             small_full = gemm("nn", X, W, bias, variant="small")
             check(f"small variant == big tile bitwise, M=4096 {sfx(dt)} K={K} N={N}", torch.equal(small_full, full),
                   f"mismatches={(small_full != full).sum().item()}")
@@ -504,10 +501,8 @@ def perf():
         M = 4096
         A = rnd(M, K); B = rnd(K, N); out = torch.empty(M, N, dtype=dt, device="cuda")
         t_ours, t_cb = bench_pair(runner(record(lambda: gemm("nn", A, B, out=out))), lambda: torch.matmul(A, B))
-        t_nocl = bench(runner(record(lambda: gemm("nn", A, B, out=out, variant="nocluster"))))
         fl = 2 * M * N * K
         PERF.append(("gemm nn", f"M={M} K={K} N={N}", t_ours, t_cb, fl))
-        PERF.append(("gemm nn without clusters (experiment)", f"M={M} K={K} N={N}", t_nocl, t_cb, fl))
         # backward: dLhs = dO . B^T (NT), dRhs = A^T . dO (TN)
         dO = rnd(M, N); Bt = B  # B[K,N] is the NT right operand viewed as [N', K'] = [K, N]
         t_b, t_bc = bench_pair(runner(record(lambda: (gemm("nt", dO, Bt), gemm("tn", A, dO)))),
@@ -584,7 +579,7 @@ def perf_bwd_split():
 def ksweep():
     """Per-tile fixed cost: time vs K at fixed M=N=4096 (512 tiles), with and without epilogue stores."""
     print("\n| variant | K | ms | us per tile-round | stores off ms | cuBLAS ms |\n|---|---|---|---|---|---|")
-    for v in ("big", "nocluster"):
+    for v in ("big",):
         for K in (64, 512, 1024, 2048, 4096, 8192):
             A = rnd(4096, K); B = rnd(K, 4096); out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
             t = bench(runner(record(lambda: gemm("nn", A, B, out=out, variant=v))))
@@ -599,9 +594,9 @@ def sanitize():
     for dt in (torch.bfloat16, torch.float16):
         for (M, K, N) in ((7, 136, 264), (129, 72, 1000)):
             A = rnd(M, K, dt=dt); B = rnd(K, N, dt=dt); bias = rnd(N, dt=dt)
-            for v in ("big", "nocluster", "small"):
+            for v in ("big", "small"):
                 gemm("nn", A, B, bias, variant=v); gemm("nt", A, B.t().contiguous(), bias, variant=v)
-            for v in ("big", "nocluster"):
+            for v in ("big",):
                 gemm("tn", rnd(K, 136, dt=dt), B, bias, variant=v)
         N, D, V = 129, 136, 1300
         H = rnd(N, D, dt=dt); W = rnd(V, D, dt=dt); b = rnd(V, dt=dt)

@@ -2,8 +2,9 @@
 //! table, and every rank derives the same verdict from the same table.
 use burn::tensor::{DType, Int, Tensor};
 
-use super::{Collective, Plan, VocabShard};
-use crate::ops::check_linear_logp;
+use super::{Plan, VocabShard};
+use crate::api::check_linear_logp;
+use crate::backend::Collective;
 use crate::registry::Implementation;
 use crate::{InvariantBackend, InvariantError, LinearLogpOptions};
 
@@ -194,6 +195,20 @@ fn read_message(row: &[u64]) -> String {
 
 /// The verdict of the gathered table: a pure function of it, so every rank agrees.
 fn verdict(table: &[&[u64]]) -> Result<Vec<(usize, usize)>, InvariantError> {
+    check_membership(table)?;
+    check_agreement(table)?;
+    check_partition(table)?;
+    if table[0][SKIP] == 0 {
+        check_targets(table)?;
+    }
+    Ok(table
+        .iter()
+        .map(|row| (row[START] as usize, row[END] as usize))
+        .collect())
+}
+
+/// Every slot holds the rank it is for, of this world, and no rank failed its local checks.
+fn check_membership(table: &[&[u64]]) -> Result<(), InvariantError> {
     let world = table.len();
     for (rank, row) in table.iter().enumerate() {
         if row[RANK] as usize != rank || row[WORLD] as usize != world {
@@ -205,17 +220,23 @@ fn verdict(table: &[&[u64]]) -> Result<Vec<(usize, usize)>, InvariantError> {
             });
         }
     }
-    if let Some(rank) = table.iter().position(|row| row[FAILED] != 0) {
-        return Err(InvariantError::RankFailed {
+    match table.iter().position(|row| row[FAILED] != 0) {
+        Some(rank) => Err(InvariantError::RankFailed {
             rank,
             world,
             reason: read_message(table[rank]),
-        });
+        }),
+        None => Ok(()),
     }
-    let first = table[0];
+}
+
+type Render = Box<dyn Fn(&[u64]) -> String>;
+
+/// The fields every rank must agree on: what, the words that hold it, how to show it.
+fn agreed_fields() -> [(&'static str, &'static [usize], Render); 9] {
     let plain = |w: usize| move |row: &[u64]| row[w].to_string();
-    type Render = Box<dyn Fn(&[u64]) -> String>;
-    let fields: [(&'static str, &[usize], Render); 9] = [
+    let flag = |w: usize| move |row: &[u64]| (row[w] != 0).to_string();
+    [
         (
             "V_global (`shard.global_vocab`)",
             &[VOCAB],
@@ -236,11 +257,7 @@ fn verdict(table: &[&[u64]]) -> Result<Vec<(usize, usize)>, InvariantError> {
             &[DTYPE],
             Box::new(|row: &[u64]| dtype_name(row[DTYPE]).to_string()),
         ),
-        (
-            "whether `bias` is given",
-            &[BIAS],
-            Box::new(|row: &[u64]| (row[BIAS] != 0).to_string()),
-        ),
+        ("whether `bias` is given", &[BIAS], Box::new(flag(BIAS))),
         (
             "`options.ignore_index`",
             &[IGNORE_SET, IGNORE],
@@ -248,23 +265,24 @@ fn verdict(table: &[&[u64]]) -> Result<Vec<(usize, usize)>, InvariantError> {
                 format!("{:?}", (row[IGNORE_SET] != 0).then_some(row[IGNORE] as i64))
             }),
         ),
-        (
-            "`options.skip_target_check`",
-            &[SKIP],
-            Box::new(|row: &[u64]| (row[SKIP] != 0).to_string()),
-        ),
+        ("`options.skip_target_check`", &[SKIP], Box::new(flag(SKIP))),
         (
             "whether `hidden` requires a gradient (every rank takes part in its backward)",
             &[GRAD],
-            Box::new(|row: &[u64]| (row[GRAD] != 0).to_string()),
+            Box::new(flag(GRAD)),
         ),
         (
             "the implementation (ranks must run the same one)",
             &[IMPL],
             Box::new(|row: &[u64]| implementation_name(row[IMPL]).to_string()),
         ),
-    ];
-    for (what, words, render) in &fields {
+    ]
+}
+
+/// Every rank has rank 0's value of each agreed field.
+fn check_agreement(table: &[&[u64]]) -> Result<(), InvariantError> {
+    let first = table[0];
+    for (what, words, render) in agreed_fields() {
         if let Some(rank) = table
             .iter()
             .position(|row| words.iter().any(|&w| row[w] != first[w]))
@@ -277,7 +295,12 @@ fn verdict(table: &[&[u64]]) -> Result<Vec<(usize, usize)>, InvariantError> {
             });
         }
     }
-    let vocab = first[VOCAB];
+    Ok(())
+}
+
+/// The shards are contiguous in rank order and cover `[0, V_global)`.
+fn check_partition(table: &[&[u64]]) -> Result<(), InvariantError> {
+    let vocab = table[0][VOCAB];
     let mut expected_start = 0u64;
     for (rank, row) in table.iter().enumerate() {
         if row[START] != expected_start {
@@ -295,37 +318,38 @@ fn verdict(table: &[&[u64]]) -> Result<Vec<(usize, usize)>, InvariantError> {
         expected_start = row[END];
     }
     if expected_start != vocab {
-        let last = world - 1;
+        let last = table.len() - 1;
         return Err(InvariantError::Partition {
             rank: last,
             expected: format!("the last shard to end at V_global = {vocab}"),
             got: format!("[{}, {})", table[last][START], table[last][END]),
         });
     }
-    if first[SKIP] == 0 {
-        if let Some(rank) = table.iter().position(|row| row[HASH] != first[HASH]) {
-            return Err(InvariantError::RankMismatch {
-                what: "the content of `targets` (every rank holds the global targets)",
-                rank,
-                expected: format!("hash {:#018x}", first[HASH]),
-                got: format!("hash {:#018x}", table[rank][HASH]),
-            });
-        }
-        if first[BAD_COUNT] > 0 {
-            // Equal targets and V_global on every rank: rank 0's finding is everyone's.
-            return Err(InvariantError::TargetOutOfRange {
-                index: first[BAD_INDEX] as usize,
-                value: first[BAD_VALUE] as i64,
-                vocab: vocab as usize,
-                count: first[BAD_COUNT] as usize,
-                ignore_index: (first[IGNORE_SET] != 0).then_some(first[IGNORE] as i64),
-            });
-        }
+    Ok(())
+}
+
+/// Every rank holds the same targets, each in `[0, V_global)` or ignored.
+fn check_targets(table: &[&[u64]]) -> Result<(), InvariantError> {
+    let first = table[0];
+    if let Some(rank) = table.iter().position(|row| row[HASH] != first[HASH]) {
+        return Err(InvariantError::RankMismatch {
+            what: "the content of `targets` (every rank holds the global targets)",
+            rank,
+            expected: format!("hash {:#018x}", first[HASH]),
+            got: format!("hash {:#018x}", table[rank][HASH]),
+        });
     }
-    Ok(table
-        .iter()
-        .map(|row| (row[START] as usize, row[END] as usize))
-        .collect())
+    if first[BAD_COUNT] > 0 {
+        // Equal targets and V_global on every rank: rank 0's finding is everyone's.
+        return Err(InvariantError::TargetOutOfRange {
+            index: first[BAD_INDEX] as usize,
+            value: first[BAD_VALUE] as i64,
+            vocab: first[VOCAB] as usize,
+            count: first[BAD_COUNT] as usize,
+            ignore_index: (first[IGNORE_SET] != 0).then_some(first[IGNORE] as i64),
+        });
+    }
+    Ok(())
 }
 
 /// Runs the local checks, exchanges the table and returns the plan and implementation, or the
@@ -337,7 +361,7 @@ pub(crate) fn collective<B: InvariantBackend, G: Collective<B>>(
 ) -> Result<(Plan, Implementation), InvariantError> {
     let (rank, world) = (group.rank(), group.world_size());
     let device = inputs.hidden.device();
-    let mut trace = super::engine::Trace::<B>::start(&device);
+    let mut trace = super::trace::Trace::<B>::start(&device);
     let mut row = vec![0u64; WORDS];
     row[RANK] = rank as u64;
     row[WORLD] = world as u64;

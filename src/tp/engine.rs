@@ -1,4 +1,5 @@
-//! The segment algorithm on one backend (never `Autodiff`: [`super::autodiff`] wraps it).
+//! The segment algorithm on one backend, as a [`CollectiveLogp`] (`Autodiff` runs it on its
+//! inner backend and records its backward).
 //!
 //! Every leaf (a segment, or the piece of one that a rank holds) is one call of the
 //! single-rank primitives on that slice of the weight, with the targets remapped: rows whose
@@ -6,59 +7,61 @@
 //! row −2 (no column of this leaf). A leaf's computation therefore does not depend on which
 //! rank runs it.
 use burn::tensor::{
-    DType, Tensor, TensorPrimitive,
+    DType, Tensor,
     ops::{FloatTensor, IntTensor},
 };
 
-use super::{Collective, Plan};
+use super::Plan;
+use super::trace::Trace;
 use crate::InvariantError;
-use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs};
+use crate::backend::{
+    Collective, CollectiveLogp, GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs,
+};
+use crate::backends::generic::{float_primitive as raw, float_tensor as wrap};
 use crate::registry::Implementation;
 
-/// Phase timings for profiling (`BURN_INVARIANT_TP_TRACE=1`): each mark waits for the device
-/// and prints the time since the previous mark. The variable is read once per process.
-pub(crate) struct Trace<'a, B: InvariantBackend> {
-    device: &'a B::Device,
-    last: Option<std::time::Instant>,
+/// The engine of one validated call: the plan of this rank and the implementation every
+/// leaf runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Engine {
+    plan: Plan,
+    implementation: Implementation,
 }
 
-impl<'a, B: InvariantBackend> Trace<'a, B> {
-    pub(crate) fn start(device: &'a B::Device) -> Self {
-        static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let enabled = *ENABLED
-            .get_or_init(|| std::env::var("BURN_INVARIANT_TP_TRACE").is_ok_and(|v| v == "1"));
-        let mut trace = Self { device, last: None };
-        if enabled {
-            let _ = B::sync(device);
-            trace.last = Some(std::time::Instant::now());
+impl Engine {
+    pub(crate) fn new(plan: Plan, implementation: Implementation) -> Self {
+        Self {
+            plan,
+            implementation,
         }
-        trace
+    }
+}
+
+impl CollectiveLogp for Engine {
+    fn forward<B: InvariantBackend, G: Collective<B>>(
+        &self,
+        inputs: LinearLogpInputs<B>,
+        group: &G,
+    ) -> Result<FloatTensor<B>, InvariantError> {
+        forward(inputs, &self.plan, group, self.implementation)
     }
 
-    pub(crate) fn mark(&mut self, phase: &str) {
-        if let Some(last) = self.last {
-            let _ = B::sync(self.device);
-            let now = std::time::Instant::now();
-            eprintln!(
-                "tp-trace {phase}: {:.3} ms",
-                (now - last).as_secs_f64() * 1e3
-            );
-            self.last = Some(now);
-        }
+    fn backward<B: InvariantBackend, G: Collective<B>>(
+        &self,
+        inputs: LinearLogpInputs<B>,
+        stats: FloatTensor<B>,
+        grad: FloatTensor<B>,
+        request: GradRequest,
+        group: &G,
+    ) -> Result<LinearLogpGrads<B>, InvariantError> {
+        let ctx = Ctx::new(inputs, &self.plan, self.implementation);
+        backward(&ctx, stats, grad, request, &self.plan, group)
     }
 }
 
 /// The ignore index of the leaf calls: every leaf sees a row's target as its local index
 /// (the leaf owns it), −1 (ignored) or −2 (it lies in another leaf: no column of this one).
 const SENTINEL: i64 = -1;
-
-pub(crate) fn wrap<B: InvariantBackend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
-pub(crate) fn raw<B: InvariantBackend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
-    t.into_primitive().tensor()
-}
 
 fn merge_lse<B: InvariantBackend>(a: Tensor<B, 1>, b: Tensor<B, 1>) -> Tensor<B, 1> {
     wrap(B::invariant_tp_merge_lse(raw(a), raw(b)))
@@ -100,6 +103,10 @@ impl<B: InvariantBackend> Ctx<B> {
         Tensor::full([self.n], value, (&self.device, DType::F32))
     }
 
+    fn f32_zeros_nd(&self) -> Tensor<B, 2> {
+        Tensor::zeros([self.n, self.d], (&self.device, DType::F32))
+    }
+
     /// The leaf `[start, end)` (global rows) as single-rank primitive inputs.
     fn leaf_inputs(&self, start: usize, end: usize) -> LinearLogpInputs<B> {
         let (a, b) = (start - self.offset, end - self.offset);
@@ -119,25 +126,40 @@ impl<B: InvariantBackend> Ctx<B> {
 }
 
 /// Forward on one rank: `[N, 2]` f32 `(logp, lse)`, identical on every rank.
-pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
+fn forward<B: InvariantBackend, G: Collective<B>>(
     inputs: LinearLogpInputs<B>,
     plan: &Plan,
     group: &G,
     implementation: Implementation,
 ) -> Result<FloatTensor<B>, InvariantError> {
     let ctx = Ctx::new(inputs, plan, implementation);
-    let device = ctx.device.clone();
-    let mut trace = Trace::<B>::start(&device);
-    let n = ctx.n;
-    if n == 0 {
+    let mut trace = Trace::<B>::start(&ctx.device);
+    if ctx.n == 0 {
         // Every rank has N = 0 (validated), so every rank skips the exchange.
         return Ok(raw(Tensor::<B, 2>::zeros(
             [0, 2],
             (&ctx.device, DType::F32),
         )));
     }
-    // The owning leaf's (logp, lse) rows `[2, N]`, zero where this rank owns no target: exactly
-    // one leaf of one rank owns a row, so the sum over ranks below is exact in any order.
+    let mine = forward_leaves(&ctx, plan);
+    trace.mark("forward leaves");
+    let (block, world, n) = (plan.block(), plan.world(), ctx.n);
+    let all = group
+        .all_gather(mine.reshape([(block + 2) * n]))?
+        .reshape([world, block + 2, n]);
+    trace.mark("forward exchange");
+    let stats = forward_combine(&ctx, plan, all);
+    trace.mark("forward combine");
+    Ok(stats)
+}
+
+/// This rank's block of the forward exchange, `[block + 2, N]`: the lse of each of its tree
+/// items (zero rows up to `block`), then the owning leaf's `(logp, lse)` rows, zero where this
+/// rank owns no target.
+fn forward_leaves<B: InvariantBackend>(ctx: &Ctx<B>, plan: &Plan) -> Tensor<B, 2> {
+    let n = ctx.n;
+    // Exactly one leaf of one rank owns a row, so the sum of the picks over ranks is exact in
+    // any order.
     let mut picks: Option<FloatTensor<B>> = None;
     let mut leaf = |start: usize, end: usize| {
         let inputs = ctx.leaf_inputs(start, end);
@@ -163,18 +185,23 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
     if rows.len() < block {
         rows.push(Tensor::zeros(
             [block - rows.len(), n],
-            (&device, DType::F32),
+            (&ctx.device, DType::F32),
         ));
     }
     // A rank holds at least one leaf (shards are non-empty).
-    rows.push(picks.map_or_else(|| Tensor::zeros([2, n], (&device, DType::F32)), wrap));
-    let world = plan.world();
-    let mine: Tensor<B, 2> = Tensor::cat(rows, 0);
-    trace.mark("forward leaves");
-    let all = group
-        .all_gather(mine.reshape([(block + 2) * n]))?
-        .reshape([world, block + 2, n]);
-    trace.mark("forward exchange");
+    rows.push(picks.map_or_else(|| Tensor::zeros([2, n], (&ctx.device, DType::F32)), wrap));
+    Tensor::cat(rows, 0)
+}
+
+/// The upper levels of the tree over the gathered `[world, block + 2, N]` blocks, and the
+/// owners' picks: the final `(logp, lse)`.
+fn forward_combine<B: InvariantBackend>(
+    ctx: &Ctx<B>,
+    plan: &Plan,
+    all: Tensor<B, 3>,
+) -> FloatTensor<B> {
+    let (n, block, world) = (ctx.n, plan.block(), plan.world());
+    let identity = || ctx.f32_full(f32::NEG_INFINITY);
     let row = |rank: usize, index: usize| {
         all.clone()
             .slice([rank..rank + 1, index..index + 1, 0..n])
@@ -188,58 +215,94 @@ pub(crate) fn forward<B: InvariantBackend, G: Collective<B>>(
     };
     let picks = (1..world).fold(picks_of(0), |acc, rank| acc + picks_of(rank));
     let global_vocab = plan.shards[world - 1].1;
-    let stats = B::invariant_tp_finish(
+    B::invariant_tp_finish(
         raw(picks),
         raw(lse),
         ctx.targets.clone(),
         global_vocab,
         ctx.ignore_index,
-    );
-    trace.mark("forward combine");
-    Ok(stats)
+    )
+}
+
+/// One rank's gradients before the `dHidden` exchange.
+struct LocalGrads<B: InvariantBackend> {
+    /// The f32 `dHidden` partial of each of this rank's tree items (when requested).
+    hidden: Vec<Option<Tensor<B, 2>>>,
+    /// This shard's `dWeight` / `dBias`, one piece per leaf, in row order.
+    weights: Vec<Tensor<B, 2>>,
+    biases: Vec<Tensor<B, 1>>,
 }
 
 /// Backward on one rank from the forward's `stats [N, 2]` and the upstream `grad [N, 2]`.
 /// `dWeight`/`dBias` are this rank's shard; `dHidden` is combined over ranks in tree order
 /// (one all-gather, only when requested).
-pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
-    inputs: LinearLogpInputs<B>,
+fn backward<B: InvariantBackend, G: Collective<B>>(
+    ctx: &Ctx<B>,
     stats: FloatTensor<B>,
     grad: FloatTensor<B>,
     request: GradRequest,
     plan: &Plan,
     group: &G,
-    implementation: Implementation,
 ) -> Result<LinearLogpGrads<B>, InvariantError> {
-    let hidden_dtype = wrap::<B, 2>(inputs.hidden.clone()).dtype();
-    let has_bias = inputs.bias.is_some();
-    let ctx = Ctx::new(inputs, plan, implementation);
-    let device = ctx.device.clone();
-    let mut trace = Trace::<B>::start(&device);
-    let n = ctx.n;
-    if n == 0 {
+    let mut trace = Trace::<B>::start(&ctx.device);
+    if ctx.n == 0 {
         // No rows, no exchange (N = 0 on every rank): all gradients are zero.
         let zeros = |t: &Tensor<B, 2>| raw(t.zeros_like());
         return Ok(LinearLogpGrads {
             hidden: request.hidden.then(|| zeros(&wrap(ctx.hidden.clone()))),
             weight: request.weight.then(|| zeros(&ctx.weight)),
-            bias: ctx
-                .bias
-                .as_ref()
+            bias: (ctx.bias.as_ref())
                 .filter(|_| request.bias)
                 .map(|b| raw(b.zeros_like())),
         });
     }
-    // The leaves read only the lse column of `stats`: the global lse. A row whose target lies
-    // in another leaf matches no column of this one, so its dz there is (dLse − dLogp)·p (SPEC
-    // §4's dz without the one-hot term); ignored rows drop dLogp in every leaf.
+    let local = backward_leaves(ctx, stats, grad, request, plan);
+    trace.mark("backward leaves");
+    let hidden = if request.hidden {
+        let hidden = exchange_d_hidden(ctx, plan, group, local.hidden)?;
+        trace.mark("backward exchange");
+        Some(hidden)
+    } else {
+        None
+    };
+    let cat = |parts: Vec<FloatTensor<B>>| match parts.len() {
+        0 => None,
+        1 => parts.into_iter().next(),
+        _ => Some(raw(Tensor::<B, 2>::cat(
+            parts.into_iter().map(wrap).collect(),
+            0,
+        ))),
+    };
+    let weight = cat(local.weights.into_iter().map(raw).collect());
+    let bias = match local.biases.len() {
+        0 => None,
+        1 => local.biases.into_iter().next().map(raw),
+        _ => Some(raw(Tensor::cat(local.biases, 0))),
+    };
+    trace.mark("backward combine");
+    Ok(LinearLogpGrads {
+        hidden,
+        weight,
+        bias,
+    })
+}
+
+/// Every leaf's backward with the global lse. A row whose target lies in another leaf matches
+/// no column of this one, so its `dz` there is `(dLse − dLogp)·p` (the contract's `dz` without
+/// the one-hot term); ignored rows drop `dLogp` in every leaf.
+fn backward_leaves<B: InvariantBackend>(
+    ctx: &Ctx<B>,
+    stats: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    request: GradRequest,
+    plan: &Plan,
+) -> LocalGrads<B> {
     let grad = raw(wrap::<B, 2>(grad).cast(DType::F32));
     let leaf_request = GradRequest {
-        bias: request.bias && has_bias,
+        bias: request.bias && ctx.bias.is_some(),
         ..request
     };
-    let mut weights = Vec::new();
-    let mut biases = Vec::new();
+    let (mut weights, mut biases) = (Vec::new(), Vec::new());
     let mut leaf = |start: usize, end: usize| {
         let grads = B::invariant_linear_logp_backward(
             ctx.leaf_inputs(start, end),
@@ -252,61 +315,54 @@ pub(crate) fn backward<B: InvariantBackend, G: Collective<B>>(
         biases.extend(grads.bias.map(wrap::<B, 1>));
         grads.hidden.map(|h| wrap::<B, 2>(h).cast(DType::F32))
     };
-    let identity = || {
-        request
-            .hidden
-            .then(|| Tensor::<B, 2>::zeros([n, ctx.d], (&ctx.device, DType::F32)))
-    };
-    let add = |a: Option<Tensor<B, 2>>, b: Option<Tensor<B, 2>>| match (a, b) {
-        (Some(a), Some(b)) => Some(a + b),
-        _ => None,
-    };
-    let partials: Vec<Option<Tensor<B, 2>>> = plan
+    let identity = || request.hidden.then(|| ctx.f32_zeros_nd());
+    let hidden = plan
         .local_items()
         .iter()
-        .map(|&item| plan.eval_item(item, &mut leaf, &identity, &add))
+        .map(|&item| plan.eval_item(item, &mut leaf, &identity, &add_partials))
         .collect();
-    let hidden = if request.hidden {
-        let (block, world, d) = (plan.block(), plan.world(), ctx.d);
-        let mut rows: Vec<Tensor<B, 2>> = partials.into_iter().flatten().collect();
-        rows.resize_with(block, || Tensor::zeros([n, d], (&ctx.device, DType::F32)));
-        // A single item (segment-aligned shards, world ≥ 2): a view, not a 4·N·D-byte copy.
-        let mine: Tensor<B, 3> = match <[_; 1]>::try_from(rows) {
-            Ok([row]) => row.unsqueeze_dim(0),
-            Err(rows) => Tensor::stack(rows, 0),
-        };
-        trace.mark("backward leaves");
-        let all = group
-            .all_gather(mine.reshape([block * n * d]))?
-            .reshape([world, block, n, d]);
-        trace.mark("backward exchange");
-        let get = |rank: usize, index: usize| {
-            Some(
-                all.clone()
-                    .slice([rank..rank + 1, index..index + 1, 0..n, 0..d])
-                    .reshape([n, d]),
-            )
-        };
-        plan.eval_global(&get, &identity, &add)
-            .map(|h| raw(h.cast(hidden_dtype)))
-    } else {
-        None
-    };
-    let cat = |parts: Vec<Tensor<B, 2>>| match parts.len() {
-        0 => None,
-        1 => parts.into_iter().next().map(raw),
-        _ => Some(raw(Tensor::cat(parts, 0))),
-    };
-    let bias = match biases.len() {
-        0 => None,
-        1 => biases.into_iter().next().map(raw),
-        _ => Some(raw(Tensor::cat(biases, 0))),
-    };
-    let weight = cat(weights);
-    trace.mark("backward combine");
-    Ok(LinearLogpGrads {
+    LocalGrads {
         hidden,
-        weight,
-        bias,
-    })
+        weights,
+        biases,
+    }
+}
+
+fn add_partials<B: InvariantBackend>(
+    a: Option<Tensor<B, 2>>,
+    b: Option<Tensor<B, 2>>,
+) -> Option<Tensor<B, 2>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        _ => None,
+    }
+}
+
+/// All-gathers every rank's `dHidden` partials and sums them in tree order, in hidden's dtype.
+fn exchange_d_hidden<B: InvariantBackend, G: Collective<B>>(
+    ctx: &Ctx<B>,
+    plan: &Plan,
+    group: &G,
+    partials: Vec<Option<Tensor<B, 2>>>,
+) -> Result<FloatTensor<B>, InvariantError> {
+    let (n, d, block, world) = (ctx.n, ctx.d, plan.block(), plan.world());
+    let mut rows: Vec<Tensor<B, 2>> = partials.into_iter().flatten().collect();
+    rows.resize_with(block, || ctx.f32_zeros_nd());
+    // A single item (segment-aligned shards, world ≥ 2): a view, not a 4·N·D-byte copy.
+    let mine: Tensor<B, 3> = match <[_; 1]>::try_from(rows) {
+        Ok([row]) => row.unsqueeze_dim(0),
+        Err(rows) => Tensor::stack(rows, 0),
+    };
+    let all = group
+        .all_gather(mine.reshape([block * n * d]))?
+        .reshape([world, block, n, d]);
+    let get = |rank: usize, index: usize| {
+        all.clone()
+            .slice([rank..rank + 1, index..index + 1, 0..n, 0..d])
+            .reshape([n, d])
+    };
+    let identity = || ctx.f32_zeros_nd();
+    let sum = plan.eval_global(&get, &identity, &|a, b| a + b);
+    let hidden_dtype = wrap::<B, 2>(ctx.hidden.clone()).dtype();
+    Ok(raw(sum.cast(hidden_dtype)))
 }

@@ -1,4 +1,4 @@
-//! Tensor-parallel (vocabulary-sharded) `linear_logp` (SPEC §5).
+//! Tensor-parallel (vocabulary-sharded) `linear_logp` (docs/CONTRACT.md, *Tensor parallelism*).
 //!
 //! Each rank holds `weight[start..end, :]` (and that slice of the bias), the full `hidden`,
 //! the global `targets` and a [`Collective`] handle; every rank returns the same `logp` and
@@ -39,7 +39,7 @@
 //!   sum: for bf16/f16 hidden that is one rounding per leaf.
 //!
 //! # Validation is collective
-//! Before any compute, every rank checks its own inputs (SPEC §7, plus its shard against
+//! Before any compute, every rank checks its own inputs (the checks of [`crate::linear_logp`], plus its shard against
 //! `weight`), then the ranks exchange one small host table and every rank derives the same
 //! verdict: shards contiguous in rank order and covering `[0, V_global)`, the same N, D,
 //! `V_global`, dtype, bias presence, options, implementation and `hidden.requires_grad` on
@@ -54,28 +54,23 @@
 //! every rank must run the backward of the call (validation makes sure that all or none of
 //! the ranks need `dHidden`). A collective failure inside the backward panics with the
 //! error (a backward step cannot return one); the group's timeout bounds the wait.
-mod autodiff;
 mod check;
 mod collective;
 mod engine;
-mod in_process;
-#[cfg(feature = "cuda")]
-mod nccl;
-pub(crate) mod ops;
 mod plan;
+mod trace;
 
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+use burn::tensor::{Int, Tensor};
 
-pub use collective::Collective;
-pub use in_process::{DEFAULT_TIMEOUT, InProcessGroup};
 #[cfg(feature = "cuda")]
-pub use nccl::{NCCL_DEFAULT_TIMEOUT, NcclBackend, NcclGroup, NcclId};
+pub use crate::backends::cuda::CudaBackend;
+pub use collective::{Collective, DEFAULT_TIMEOUT, InProcessGroup};
+#[cfg(feature = "cuda")]
+pub use collective::{NCCL_DEFAULT_TIMEOUT, NcclGroup, NcclId};
 pub use plan::{Plan, SEGMENT_ALIGN, SEGMENTS, segment_bounds};
 
-pub(crate) use autodiff::forward as autodiff_forward;
-pub(crate) use engine::forward as engine_forward;
-
 use crate::backend::LinearLogpInputs;
+use crate::backends::generic::{float_primitive, float_tensor};
 use crate::{InvariantBackend, InvariantError, LinearLogpOptions};
 
 /// The vocabulary rows `[start, end)` of `[0, global_vocab)` that one rank holds.
@@ -172,7 +167,7 @@ where
     G: Collective<B> + Clone + 'static,
 {
     let device = hidden.device();
-    let mut trace = engine::Trace::<B>::start(&device);
+    let mut trace = trace::Trace::<B>::start(&device);
     let (plan, implementation) = check::collective(
         &check::RankInputs {
             hidden: &hidden,
@@ -187,15 +182,15 @@ where
     trace.mark("validation: verdict");
     let n = hidden.dims()[0];
     let inputs = LinearLogpInputs {
-        hidden: hidden.into_primitive().tensor(),
-        weight: weight.into_primitive().tensor(),
-        bias: bias.map(|b| b.into_primitive().tensor()),
+        hidden: float_primitive(hidden),
+        weight: float_primitive(weight),
+        bias: bias.map(float_primitive),
         targets: targets.into_primitive(),
         ignore_index: options.ignore_index,
     };
-    let stats: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(
-        B::invariant_tp_linear_logp(inputs, &plan, group, implementation)?,
-    ));
+    let engine = engine::Engine::new(plan, implementation);
+    let stats: Tensor<B, 2> =
+        float_tensor(B::invariant_collective_linear_logp(inputs, &engine, group)?);
     let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
     let lse = stats.slice([0..n, 1..2]).reshape([n]);
     Ok((logp, lse))

@@ -5,16 +5,14 @@
 //! evaluates the largest nodes lying inside its shard; the gathered rank values are then
 //! combined by the upper levels of the same tree on every rank. A segment cut by a shard
 //! boundary (unaligned shards) is a left fold of its pieces in rank order.
-use crate::reference::kernels::VOCAB_TILE;
-
 /// Number of vocabulary segments. Statistics and `dHidden` contributions are reduced within a
 /// segment first, then over segments in one fixed binary tree; world sizes that divide it
 /// (1, 2, 4, 8) with shards on segment boundaries give bitwise identical results.
 pub const SEGMENTS: usize = 8;
 
-/// Segment boundaries are multiples of this when `V_global ≥ SEGMENTS · SEGMENT_ALIGN` (the
-/// reference vocab tile, so segments are whole tiles).
-pub const SEGMENT_ALIGN: usize = VOCAB_TILE;
+/// Segment boundaries are multiples of this when `V_global ≥ SEGMENTS · SEGMENT_ALIGN`: a
+/// multiple of every implementation's vocabulary tile, so segments are whole tiles (tested).
+pub const SEGMENT_ALIGN: usize = 256;
 
 /// The segment boundaries `b_0 = 0 ≤ b_1 ≤ … ≤ b_8 = V_global`; a function of `V_global` only:
 /// `b_k = A·⌊k·V / (8·A)⌋` with `A =` [`SEGMENT_ALIGN`] when `V ≥ 8·A`, else `A = 1`. With
@@ -244,6 +242,16 @@ mod tests {
             &|| "0".into(),
             &|a, b| format!("({a}+{b})"),
         )
+    }
+
+    #[test]
+    fn segments_are_whole_vocabulary_tiles() {
+        assert_eq!(SEGMENT_ALIGN % crate::oracle::VOCAB_TILE, 0);
+        #[cfg(feature = "cubecl")]
+        assert_eq!(
+            SEGMENT_ALIGN % burn_invariant_cubecl::consts::LOGP_VOCAB_TILE,
+            0
+        );
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The public functions of SPEC §2: validate, ask the registry, then run the primitive.
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+//! The public functions (docs/CONTRACT.md, *Public API*): validate, ask the registry, then run
+//! the primitive.
+use burn::tensor::{Int, Tensor};
 
 use crate::backend::{InvariantBackend, LinearLogpInputs, Problem};
-use crate::registry::Implementation;
-use crate::registry::{Op, implementation_for};
+use crate::backends::generic::{float_primitive, float_tensor};
+use crate::registry::{Implementation, Op, implementation_for};
 use crate::{InvariantError, validate};
 
 /// Options of [`linear_logp`] and [`linear_logp_with_lse`].
@@ -30,12 +31,6 @@ impl LinearLogpOptions {
         self.skip_target_check = skip;
         self
     }
-}
-
-fn float<B: InvariantBackend, const D: usize>(
-    tensor: Tensor<B, D>,
-) -> burn::tensor::ops::FloatTensor<B> {
-    tensor.into_primitive().tensor()
 }
 
 /// Deterministic, batch-invariant `lhs [M, K] · rhs [K, N] → [M, N]`.
@@ -89,8 +84,13 @@ fn gemm<B: InvariantBackend>(
             n: rhs_shape[1],
         },
     )?;
-    let out = B::invariant_matmul(float(lhs), float(rhs), bias.map(float), implementation);
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
+    let out = B::invariant_matmul(
+        float_primitive(lhs),
+        float_primitive(rhs),
+        bias.map(float_primitive),
+        implementation,
+    );
+    Ok(float_tensor(out))
 }
 
 /// Batch-invariant `input [.., K] · weight [K, N] (+ bias [N]) → [.., N]`, Burn's `Linear`
@@ -148,21 +148,19 @@ pub fn linear_logp_with_lse<B: InvariantBackend>(
         return Ok((empty(), empty()));
     }
     let inputs = LinearLogpInputs {
-        hidden: float(hidden),
-        weight: float(weight),
-        bias: bias.map(float),
+        hidden: float_primitive(hidden),
+        weight: float_primitive(weight),
+        bias: bias.map(float_primitive),
         targets: targets.into_primitive(),
         ignore_index: options.ignore_index,
     };
-    let stats: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(
-        B::invariant_linear_logp(inputs, implementation),
-    ));
+    let stats: Tensor<B, 2> = float_tensor(B::invariant_linear_logp(inputs, implementation));
     let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
     let lse = stats.slice([0..n, 1..2]).reshape([n]);
     Ok((logp, lse))
 }
 
-/// Every check of SPEC §7 for `linear_logp`, then the registry's choice.
+/// Every check of `linear_logp` (docs/CONTRACT.md, *Errors*), then the registry's choice.
 pub(crate) fn check_linear_logp<B: InvariantBackend>(
     hidden: &Tensor<B, 2>,
     weight: &Tensor<B, 2>,

@@ -1,10 +1,22 @@
-//! The per-row steps of the segment algorithm as plain Burn ops: the default of the
-//! `invariant_tp_*` primitives (the reference on NdArray; `Fusion` fuses them). `CubeBackend`
-//! runs each as one kernel of `burn_invariant_cubecl::tp` with the same arithmetic.
-use burn::tensor::{Int, Tensor, ops::FloatTensor, ops::IntTensor};
+//! Default bodies of `InvariantBackend` methods in plain Burn ops: the per-row steps of the
+//! tensor-parallel segment algorithm (the reference on NdArray; `Fusion` fuses them).
+//! `CubeBackend` runs each as one kernel of `burn_invariant_cubecl::tp` with the same
+//! arithmetic. Also the conversions between tensors and primitives the crate uses.
+use burn::tensor::{
+    Int, Tensor, TensorPrimitive, backend::Backend, ops::FloatTensor, ops::IntTensor,
+};
 
-use super::engine::{raw, wrap as float};
 use crate::InvariantBackend;
+
+/// A float primitive as a tensor.
+pub(crate) fn float_tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+/// A float tensor's primitive.
+pub(crate) fn float_primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
 
 fn int<B: InvariantBackend>(t: IntTensor<B>) -> Tensor<B, 1, Int> {
     Tensor::from_primitive(t)
@@ -35,11 +47,11 @@ pub(crate) fn merge_lse<B: InvariantBackend>(
     a: FloatTensor<B>,
     b: FloatTensor<B>,
 ) -> FloatTensor<B> {
-    let (a, b) = (float::<B, 1>(a), float::<B, 1>(b));
+    let (a, b) = (float_tensor::<B, 1>(a), float_tensor::<B, 1>(b));
     let max = a.clone().max_pair(b.clone());
     let same = a.clone().equal(b.clone());
     let gap = (a - b).abs().neg().mask_fill(same, 0.0);
-    raw(max + gap.exp().log1p())
+    float_primitive(max + gap.exp().log1p())
 }
 
 pub(crate) fn pick<B: InvariantBackend>(
@@ -47,16 +59,16 @@ pub(crate) fn pick<B: InvariantBackend>(
     stats: FloatTensor<B>,
     leaf_targets: IntTensor<B>,
 ) -> FloatTensor<B> {
-    let picked = float::<B, 2>(stats).swap_dims(0, 1);
+    let picked = float_tensor::<B, 2>(stats).swap_dims(0, 1);
     let owned = int::<B>(leaf_targets)
         .greater_equal_elem(0)
         .unsqueeze_dim::<2>(0)
         .repeat_dim(0, 2);
     let out = match acc {
-        Some(acc) => float::<B, 2>(acc).mask_where(owned, picked),
+        Some(acc) => float_tensor::<B, 2>(acc).mask_where(owned, picked),
         None => picked.mask_fill(owned.bool_not(), 0.0),
     };
-    raw(out)
+    float_primitive(out)
 }
 
 pub(crate) fn finish<B: InvariantBackend>(
@@ -66,8 +78,8 @@ pub(crate) fn finish<B: InvariantBackend>(
     vocab: usize,
     ignore_index: Option<i64>,
 ) -> FloatTensor<B> {
-    let picks = float::<B, 2>(picks);
-    let lse = float::<B, 1>(lse);
+    let picks = float_tensor::<B, 2>(picks);
+    let lse = float_tensor::<B, 1>(lse);
     let n = lse.dims()[0];
     let t = int::<B>(targets);
     let row = |i: usize| picks.clone().slice([i..i + 1, 0..n]).reshape([n]);
@@ -79,5 +91,5 @@ pub(crate) fn finish<B: InvariantBackend>(
     if let Some(ignore) = ignore_index {
         logp = logp.mask_fill(t.equal_elem(ignore), 0.0);
     }
-    raw(Tensor::stack::<2>(vec![logp, lse], 1))
+    float_primitive(Tensor::stack::<2>(vec![logp, lse], 1))
 }

@@ -30,10 +30,8 @@
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
-use burn::tensor::{DType, Tensor, TensorPrimitive, backend::Backend};
-use burn_cubecl::{
-    BoolElement, CubeBackend, FloatElement, IntElement, kernel::into_contiguous, tensor::CubeTensor,
-};
+use burn::tensor::{DType, Tensor};
+use burn_cubecl::kernel::into_contiguous;
 use cubecl::cuda::{CudaDevice, CudaRuntime};
 use cubecl::prelude::ComputeClient;
 use cubecl::server::Handle;
@@ -42,8 +40,10 @@ use cudarc::driver::{
 };
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 
-use super::Collective;
 use crate::InvariantError;
+use crate::backend::Collective;
+use crate::backends::cuda::{CudaBackend, CudaOps, CudaTensor};
+use crate::backends::sm90::stream_sync::{SyncKernel, SyncParams, launch_stream_sync};
 
 /// How long [`NcclGroup`] waits for the other ranks, by default.
 pub const NCCL_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -339,7 +339,7 @@ impl NcclGroup {
         let group = Self::from_parts(rank, world, device.clone(), timeout, stream, comm);
         // NCCL connects peers lazily on the first collective, blocking there if one is missing;
         // connect now, inside the bounded wait.
-        Collective::<CubeBackend<CudaRuntime, f32, i32, u8>>::all_gather_host(&group, &[0])?;
+        Collective::<CudaOps>::all_gather_host(&group, &[0])?;
         Ok(group)
     }
 
@@ -419,8 +419,8 @@ impl NcclGroup {
     fn enqueue_all_gather(
         &self,
         client: &ComputeClient<CudaRuntime>,
-        send: &CubeTensor<CudaRuntime>,
-        out: &CubeTensor<CudaRuntime>,
+        send: &CudaTensor,
+        out: &CudaTensor,
         len: usize,
     ) -> Result<(), InvariantError> {
         let shared = &self.shared;
@@ -435,46 +435,19 @@ impl NcclGroup {
         let (recv, recv_ptr) = state.recv(client, words * 4)?;
         let flags_ptr = state.flags_ptr;
         let timeout_ns = shared.timeout.as_nanos().min(u64::MAX as u128) as u64;
-        let sync_params = |words: usize| [flags_ptr, seq as u64, timeout_ns, words as u64];
+        let sync_params = |words: usize| SyncParams {
+            flags: flags_ptr,
+            seq,
+            pad: 0,
+            timeout_ns,
+            words: words as u64,
+        };
         let order = vec![send.handle.clone().binding(), recv.clone().binding()];
-        crate::cube::launch_stream_sync(client, "ib_signal", [1, 32], order, sync_params(0));
+        launch_stream_sync(client, SyncKernel::Signal, [1, 32], order, sync_params(0));
         // The block's memory may be reused once its handle drops, but only by work enqueued
         // on this cubecl stream, which is behind the `ib_wait` below.
         let send_ptr = address(client, &send.handle)?;
-        let nccl_stream = shared.stream.cu_stream();
-        // SAFETY: the flag words and both buffers are live device memory of this context
-        // (the group owns `recv` and `flags`; `send` is alive until the exchange is waited
-        // for, see above); the stream belongs to this communicator's device.
-        let enqueued = unsafe {
-            let waited = driver_sys::cuStreamWaitValue32_v2(
-                nccl_stream,
-                flags_ptr,
-                seq,
-                driver_sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            );
-            if waited != driver_sys::CUresult::CUDA_SUCCESS {
-                Err(format!("cuStreamWaitValue32: {waited:?}"))
-            } else if let Err(e) = nccl::all_gather(
-                send_ptr as *const _,
-                recv_ptr as *mut _,
-                len,
-                nccl_sys::ncclDataType_t::ncclFloat32,
-                raw,
-                nccl_stream as _,
-            ) {
-                Err(format!("ncclAllGather: {e:?}"))
-            } else {
-                match driver_sys::cuStreamWriteValue32_v2(
-                    nccl_stream,
-                    flags_ptr + 4,
-                    seq,
-                    driver_sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-                ) {
-                    driver_sys::CUresult::CUDA_SUCCESS => Ok(()),
-                    other => Err(format!("cuStreamWriteValue32: {other:?}")),
-                }
-            }
-        };
+        let enqueued = self.enqueue_nccl_side(raw, [send_ptr, recv_ptr, flags_ptr], len, seq);
         let failure = enqueued.err().map(|reason| {
             // Release this exchange's device-side wait with its result marked for NaN.
             let marks = [seq, seq];
@@ -484,11 +457,11 @@ impl NcclGroup {
             }
             format!("rank {}: enqueueing the all-gather: {reason}", shared.rank)
         });
-        crate::cube::launch_stream_sync(client, "ib_wait", [1, 32], vec![], sync_params(0));
+        launch_stream_sync(client, SyncKernel::Wait, [1, 32], vec![], sync_params(0));
         let blocks = words.div_ceil(256).min(1 << 16) as u32;
-        crate::cube::launch_stream_sync(
+        launch_stream_sync(
             client,
-            "ib_copy",
+            SyncKernel::Copy,
             [blocks, 256],
             vec![recv.binding(), out.handle.clone().binding()],
             sync_params(words),
@@ -500,6 +473,50 @@ impl NcclGroup {
     }
 
     /// Fails (and breaks the group) when a tensor exchange's device-side wait timed out.
+    /// The NCCL stream's part of an exchange: wait for the block, all-gather it, publish the
+    /// sequence number back.
+    fn enqueue_nccl_side(
+        &self,
+        comm: nccl_sys::ncclComm_t,
+        [send_ptr, recv_ptr, flags_ptr]: [u64; 3],
+        len: usize,
+        seq: u32,
+    ) -> Result<(), String> {
+        let nccl_stream = self.shared.stream.cu_stream();
+        // SAFETY: the flag words and both buffers are live device memory of this context
+        // (the group owns `recv` and `flags`; `send` is alive until the exchange is waited
+        // for, see `enqueue_all_gather`); the stream belongs to this communicator's device.
+        unsafe {
+            let waited = driver_sys::cuStreamWaitValue32_v2(
+                nccl_stream,
+                flags_ptr,
+                seq,
+                driver_sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            );
+            if waited != driver_sys::CUresult::CUDA_SUCCESS {
+                return Err(format!("cuStreamWaitValue32: {waited:?}"));
+            }
+            nccl::all_gather(
+                send_ptr as *const _,
+                recv_ptr as *mut _,
+                len,
+                nccl_sys::ncclDataType_t::ncclFloat32,
+                comm,
+                nccl_stream as _,
+            )
+            .map_err(|e| format!("ncclAllGather: {e:?}"))?;
+            match driver_sys::cuStreamWriteValue32_v2(
+                nccl_stream,
+                flags_ptr + 4,
+                seq,
+                driver_sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            ) {
+                driver_sys::CUresult::CUDA_SUCCESS => Ok(()),
+                other => Err(format!("cuStreamWriteValue32: {other:?}")),
+            }
+        }
+    }
+
     fn check_device_waits(&self) -> Result<(), InvariantError> {
         let shared = &self.shared;
         let Some(flags_ptr) = Self::lock(&shared.ordered).as_ref().map(|o| o.flags_ptr) else {
@@ -641,67 +658,7 @@ impl NcclGroup {
     }
 }
 
-/// Backends whose float tensors live in cubecl-cuda buffers, so [`NcclGroup`] can hand them to
-/// NCCL: `CubeBackend<CudaRuntime, ..>`, `Fusion` of it, and `Autodiff` of either.
-pub trait NcclBackend: Backend {
-    /// The tensor's cubecl-cuda form (pending fusion work is executed first).
-    fn into_cuda(tensor: Tensor<Self, 1>) -> CubeTensor<CudaRuntime>;
-    /// Back from [`NcclBackend::into_cuda`]'s form.
-    fn from_cuda(tensor: CubeTensor<CudaRuntime>) -> Tensor<Self, 1>;
-}
-
-impl<F: FloatElement, I: IntElement, BT: BoolElement> NcclBackend
-    for CubeBackend<CudaRuntime, F, I, BT>
-{
-    fn into_cuda(tensor: Tensor<Self, 1>) -> CubeTensor<CudaRuntime> {
-        tensor.into_primitive().tensor()
-    }
-
-    fn from_cuda(tensor: CubeTensor<CudaRuntime>) -> Tensor<Self, 1> {
-        Tensor::from_primitive(TensorPrimitive::Float(tensor))
-    }
-}
-
-impl<B: burn_fusion::FusionBackend + NcclBackend> NcclBackend for burn_fusion::Fusion<B> {
-    fn into_cuda(tensor: Tensor<Self, 1>) -> CubeTensor<CudaRuntime> {
-        let tensor = tensor.into_primitive().tensor();
-        let client = tensor.client.clone();
-        let inner = client.resolve_tensor_float::<B>(tensor);
-        B::into_cuda(Tensor::from_primitive(TensorPrimitive::Float(inner)))
-    }
-
-    fn from_cuda(tensor: CubeTensor<CudaRuntime>) -> Tensor<Self, 1> {
-        use burn_fusion::{NoOp, get_client, stream::OperationStreams};
-        use burn_ir::{InitOperationIr, OperationIr};
-        let inner = B::from_cuda(tensor);
-        let (shape, dtype, device) = (inner.shape(), inner.dtype(), inner.device());
-        let client = get_client::<B>(&device);
-        let handle = B::float_tensor_handle(inner.into_primitive().tensor());
-        let desc = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
-        let out = client
-            .register(
-                OperationStreams::default(),
-                OperationIr::Init(desc),
-                NoOp::<B>::new(),
-            )
-            .remove(0);
-        Tensor::from_primitive(TensorPrimitive::Float(out))
-    }
-}
-
-impl<B: NcclBackend, C: burn_autodiff::checkpoint::strategy::CheckpointStrategy> NcclBackend
-    for burn_autodiff::Autodiff<B, C>
-{
-    fn into_cuda(tensor: Tensor<Self, 1>) -> CubeTensor<CudaRuntime> {
-        B::into_cuda(tensor.inner())
-    }
-
-    fn from_cuda(tensor: CubeTensor<CudaRuntime>) -> Tensor<Self, 1> {
-        Tensor::from_inner(B::from_cuda(tensor))
-    }
-}
-
-impl<B: NcclBackend> Collective<B> for NcclGroup {
+impl<B: CudaBackend> Collective<B> for NcclGroup {
     fn rank(&self) -> usize {
         self.shared.rank
     }

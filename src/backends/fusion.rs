@@ -138,6 +138,32 @@ fn register<B: FusionBackend + InvariantBackend>(
     )
 }
 
+/// [`register`] of an op with one output.
+fn register_one<B: FusionBackend + InvariantBackend>(
+    name: &'static str,
+    primitive: Primitive,
+    implementation: Implementation,
+    floats: Vec<FusionTensor<B::FusionRuntime>>,
+    targets: Option<FusionTensor<B::FusionRuntime>>,
+    trailing: Vec<FusionTensor<B::FusionRuntime>>,
+    output: (Shape, DType),
+) -> FusionTensor<B::FusionRuntime> {
+    let outputs = register::<B>(
+        name,
+        primitive,
+        implementation,
+        floats,
+        targets,
+        trailing,
+        vec![output],
+    );
+    // `register` returns one tensor per output asked for.
+    outputs
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| unreachable!("one output"))
+}
+
 fn shape_of<R: FusionRuntime>(t: &FusionTensor<R>) -> Vec<usize> {
     t.shape.to_vec()
 }
@@ -163,18 +189,15 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
             bias: bias.is_some(),
         };
         let floats = [Some(lhs), Some(rhs), bias].into_iter().flatten().collect();
-        let [out] = register::<B>(
+        register_one::<B>(
             "burn_invariant::matmul",
             primitive,
             implementation,
             floats,
             None,
             vec![],
-            vec![(out, dtype)],
+            (out, dtype),
         )
-        .try_into()
-        .expect("one output");
-        out
     }
 
     fn invariant_matmul_grad_lhs(
@@ -184,18 +207,15 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
     ) -> FloatTensor<Self> {
         let out = Shape::from(vec![shape_of(&grad)[0], shape_of(&rhs)[0]]);
         let dtype = grad.dtype;
-        let [out] = register::<B>(
+        register_one::<B>(
             "burn_invariant::matmul_grad_lhs",
             Primitive::MatmulGradLhs,
             implementation,
             vec![grad, rhs],
             None,
             vec![],
-            vec![(out, dtype)],
+            (out, dtype),
         )
-        .try_into()
-        .expect("one output");
-        out
     }
 
     fn invariant_matmul_grad_rhs(
@@ -205,18 +225,15 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
     ) -> FloatTensor<Self> {
         let out = Shape::from(vec![shape_of(&lhs)[1], shape_of(&grad)[1]]);
         let dtype = grad.dtype;
-        let [out] = register::<B>(
+        register_one::<B>(
             "burn_invariant::matmul_grad_rhs",
             Primitive::MatmulGradRhs,
             implementation,
             vec![lhs, grad],
             None,
             vec![],
-            vec![(out, dtype)],
+            (out, dtype),
         )
-        .try_into()
-        .expect("one output");
-        out
     }
 
     fn invariant_sum_rows(
@@ -225,18 +242,15 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
     ) -> FloatTensor<Self> {
         let out = Shape::from(vec![shape_of(&grad)[1]]);
         let dtype = grad.dtype;
-        let [out] = register::<B>(
+        register_one::<B>(
             "burn_invariant::sum_rows",
             Primitive::SumRows,
             implementation,
             vec![grad],
             None,
             vec![],
-            vec![(out, dtype)],
+            (out, dtype),
         )
-        .try_into()
-        .expect("one output");
-        out
     }
 
     fn invariant_linear_logp(
@@ -252,18 +266,15 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
             .into_iter()
             .flatten()
             .collect();
-        let [out] = register::<B>(
+        register_one::<B>(
             "burn_invariant::linear_logp",
             primitive,
             implementation,
             floats,
             Some(inputs.targets),
             vec![],
-            vec![(Shape::from(vec![n, 2]), DType::F32)],
+            (Shape::from(vec![n, 2]), DType::F32),
         )
-        .try_into()
-        .expect("one output");
-        out
     }
 
     fn invariant_linear_logp_backward(

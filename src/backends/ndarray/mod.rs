@@ -3,7 +3,7 @@
 //! f32 (f64 inputs are rounded to f32 at the boundary, and results converted back), which is
 //! the contract of every implementation. bf16/f16 data is converted to f32 when it enters
 //! NdArray, so the reference for a bf16 call is the f32 computation on the rounded values.
-pub mod kernels;
+pub mod oracle;
 
 use burn::tensor::{DType, TensorData, TensorMetadata, ops::FloatTensor};
 use burn_ndarray::{
@@ -12,7 +12,7 @@ use burn_ndarray::{
 
 use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs};
 use crate::registry::{Candidate, Implementation, Op};
-use kernels::{LogpProblem, MatRef};
+use oracle::{LogpProblem, MatRef};
 
 /// Host copy of a float tensor in f32, with its shape and original dtype.
 struct HostFloat {
@@ -108,7 +108,7 @@ where
         let (lhs, rhs) = (host_float(&lhs), host_float(&rhs));
         let bias = bias.as_ref().map(host_float);
         let (m, k, n) = (lhs.shape[0], lhs.shape[1], rhs.shape[1]);
-        let out = kernels::gemm(
+        let out = oracle::gemm(
             MatRef::row_major(&lhs.data, m, k),
             MatRef::row_major(&rhs.data, k, n),
             bias.as_ref().map(|b| b.data.as_slice()),
@@ -123,7 +123,7 @@ where
     ) -> FloatTensor<Self> {
         let (grad, rhs) = (host_float(&grad), host_float(&rhs));
         let (m, n, k) = (grad.shape[0], grad.shape[1], rhs.shape[0]);
-        let out = kernels::gemm(
+        let out = oracle::gemm(
             MatRef::row_major(&grad.data, m, n),
             MatRef::row_major(&rhs.data, k, n).t(),
             None,
@@ -139,7 +139,7 @@ where
         let (lhs, grad) = (host_float(&lhs), host_float(&grad));
         let (m, k, n) = (lhs.shape[0], lhs.shape[1], grad.shape[1]);
         // One ascending chain over all rows: trivially "ascending fixed-size blocks".
-        let out = kernels::gemm(
+        let out = oracle::gemm(
             MatRef::row_major(&lhs.data, m, k).t(),
             MatRef::row_major(&grad.data, m, n),
             None,
@@ -153,7 +153,7 @@ where
     ) -> FloatTensor<Self> {
         let grad = host_float(&grad);
         let (m, n) = (grad.shape[0], grad.shape[1]);
-        let out = kernels::sum_rows(MatRef::row_major(&grad.data, m, n));
+        let out = oracle::sum_rows(MatRef::row_major(&grad.data, m, n));
         device_tensor(out, vec![n], grad.dtype)
     }
 
@@ -171,7 +171,7 @@ where
             &targets,
             inputs.ignore_index,
         );
-        let stats = kernels::linear_logp(&problem);
+        let stats = oracle::linear_logp(&problem);
         device_tensor(stats, vec![problem.n, 2], DType::F32)
     }
 
@@ -193,7 +193,7 @@ where
             &targets,
             inputs.ignore_index,
         );
-        let (dh, dw, db) = kernels::linear_logp_backward(
+        let (dh, dw, db) = oracle::linear_logp_backward(
             &problem,
             &stats.data,
             &grad.data,

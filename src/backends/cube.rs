@@ -1,0 +1,413 @@
+//! `InvariantBackend` for every `CubeBackend<R, F, I, BT>` (CUDA, wgpu, ROCm): the `CubeCl`
+//! kernels of the `burn-invariant-cubecl` crate, and on CUDA the `Sm90` kernels
+//! (`super::sm90`). Outputs and workspaces are allocated on the tensors' own client and
+//! stream, so the ops order with every other Burn op.
+use burn::tensor::{
+    DType,
+    ops::{FloatTensor, FloatTensorOps, IntTensor},
+};
+use burn_cubecl::{
+    BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, kernel::into_contiguous,
+    tensor::CubeTensor,
+};
+use burn_invariant_cubecl::{KernelError, gemm, logp, tp as tp_kernels, util};
+
+use super::alloc::{empty, zeros};
+#[cfg(feature = "cuda")]
+use super::sm90;
+use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, Problem};
+use crate::registry::{Candidate, Implementation, Op};
+
+/// Whether the CubeCL kernels can run `dtype` on this device.
+pub(crate) fn cubecl_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType) -> Candidate {
+    let client = R::client(device);
+    let storage = match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => dtype.into(),
+        other => {
+            return Candidate::unavailable(
+                Implementation::CubeCl,
+                format!("the CubeCL kernels take F32, F16 or BF16, got {other:?}"),
+            );
+        }
+    };
+    if util::runtime_supports(&client, storage) {
+        Candidate::available(Implementation::CubeCl)
+    } else {
+        Candidate::unavailable(
+            Implementation::CubeCl,
+            format!(
+                "runtime `{}` does not support {dtype:?} on this device",
+                R::name(&client)
+            ),
+        )
+    }
+}
+
+/// Kernel launches only fail on inputs the public API has already rejected.
+fn launched<T>(result: Result<T, KernelError>) -> T {
+    result.unwrap_or_else(|err| panic!("burn-invariant: a validated launch was refused: {err}"))
+}
+
+fn is_empty(shape: &[usize]) -> bool {
+    shape.contains(&0)
+}
+
+/// CubeCL `matmul` with an optional bias.
+pub(crate) fn matmul<R: CubeRuntime>(
+    lhs: CubeTensor<R>,
+    rhs: CubeTensor<R>,
+    bias: Option<CubeTensor<R>>,
+) -> CubeTensor<R> {
+    let (m, n) = (lhs.meta.shape()[0], rhs.meta.shape()[1]);
+    let out = empty(&lhs, vec![m, n], lhs.dtype);
+    if is_empty(&[m, n]) {
+        return out;
+    }
+    let bias = bias.map(|b| b.binding());
+    launched(gemm::matmul(
+        &lhs.client,
+        &lhs.clone().binding(),
+        &rhs.binding(),
+        bias.as_ref(),
+        &out.clone().binding(),
+        lhs.dtype.into(),
+    ));
+    out
+}
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantBackend
+    for CubeBackend<R, F, I, BT>
+{
+    fn implementations(_op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
+        let cubecl = cubecl_candidate::<R>(device, dtype);
+        #[cfg(feature = "cuda")]
+        {
+            let sm90 = sm90::candidate::<R>(device, dtype);
+            // Sm90 first where it can run; otherwise it stays listed so forcing it explains why
+            // not.
+            if sm90.availability.is_ok() {
+                vec![sm90, cubecl]
+            } else {
+                vec![cubecl, sm90]
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        vec![
+            cubecl,
+            Candidate::unavailable(
+                Implementation::Sm90,
+                "needs a CUDA device and the `cuda` feature of burn-invariant",
+            ),
+        ]
+    }
+
+    fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {
+        match implementation {
+            #[cfg(feature = "cuda")]
+            Implementation::Sm90 => sm90::check_problem(problem),
+            _ => Ok(()),
+        }
+    }
+
+    fn invariant_matmul(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        // An empty product is the bias or zeros whichever kernel runs (the Sm90 ones need K ≥ 1).
+        #[cfg(feature = "cuda")]
+        if implementation == Implementation::Sm90
+            && !is_empty(&[
+                lhs.meta.shape()[0],
+                lhs.meta.shape()[1],
+                rhs.meta.shape()[1],
+            ])
+        {
+            return sm90::matmul(lhs, rhs, bias);
+        }
+        let _ = implementation;
+        matmul(lhs, rhs, bias)
+    }
+
+    fn invariant_matmul_grad_lhs(
+        grad: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        #[cfg(feature = "cuda")]
+        if implementation == Implementation::Sm90 {
+            return sm90::matmul_grad_lhs(grad, rhs);
+        }
+        let _ = implementation;
+        // A transposed view (strides swapped, no copy): the kernels take any strides.
+        matmul(grad, Self::float_swap_dims(rhs, 0, 1), None)
+    }
+
+    fn invariant_matmul_grad_rhs(
+        lhs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        #[cfg(feature = "cuda")]
+        if implementation == Implementation::Sm90 {
+            return sm90::matmul_grad_rhs(lhs, grad);
+        }
+        let _ = implementation;
+        let (k, n) = (lhs.meta.shape()[1], grad.meta.shape()[1]);
+        let m = lhs.meta.shape()[0];
+        if is_empty(&[k, n]) || m == 0 {
+            return zeros(&grad, vec![k, n], grad.dtype);
+        }
+        let out = empty(&grad, vec![k, n], grad.dtype);
+        launched(gemm::matmul_row_reduction(
+            &grad.client,
+            &Self::float_swap_dims(lhs, 0, 1).binding(),
+            &grad.clone().binding(),
+            &out.clone().binding(),
+            grad.dtype.into(),
+        ));
+        out
+    }
+
+    fn invariant_sum_rows(
+        grad: FloatTensor<Self>,
+        _implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        let (m, n) = (grad.meta.shape()[0], grad.meta.shape()[1]);
+        if m == 0 || n == 0 {
+            return zeros(&grad, vec![n], grad.dtype);
+        }
+        let out = empty(&grad, vec![n], grad.dtype);
+        launched(gemm::col_sum(
+            &grad.client,
+            &grad.clone().binding(),
+            &out.clone().binding(),
+            grad.dtype.into(),
+        ));
+        out
+    }
+
+    fn invariant_linear_logp(
+        inputs: LinearLogpInputs<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        #[cfg(feature = "cuda")]
+        if implementation == Implementation::Sm90 {
+            return sm90::linear_logp(inputs);
+        }
+        let _ = implementation;
+        let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
+        let stats = empty(&inputs.hidden, vec![n, 2], DType::F32);
+        if n == 0 {
+            return stats;
+        }
+        let workspace = empty(
+            &inputs.hidden,
+            vec![logp::linear_logp_forward_workspace_len(n, v).max(1)],
+            DType::F32,
+        );
+        let bindings = LogpBindings::new(&inputs);
+        launched(logp::linear_logp_forward(
+            &inputs.hidden.client,
+            &bindings.refs(&inputs),
+            &stats.clone().binding(),
+            &workspace.binding(),
+        ));
+        stats
+    }
+
+    fn invariant_linear_logp_backward(
+        inputs: LinearLogpInputs<Self>,
+        stats: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        request: GradRequest,
+        implementation: Implementation,
+    ) -> LinearLogpGrads<Self> {
+        #[cfg(feature = "cuda")]
+        if implementation == Implementation::Sm90 {
+            return sm90::linear_logp_backward(inputs, stats, grad, request);
+        }
+        let _ = implementation;
+        linear_logp_backward(inputs, stats, grad, request)
+    }
+
+    fn invariant_tp_leaf_targets(
+        targets: IntTensor<Self>,
+        start: usize,
+        end: usize,
+        ignore_index: Option<i64>,
+    ) -> IntTensor<Self> {
+        let targets = into_contiguous(targets);
+        let out = empty(&targets, targets.meta.shape().to_vec(), targets.dtype);
+        launched(tp_kernels::leaf_targets(
+            &targets.client,
+            &targets.clone().binding(),
+            &out.clone().binding(),
+            targets.dtype.into(),
+            start,
+            end,
+            ignore_index,
+        ));
+        out
+    }
+
+    fn invariant_tp_merge_lse(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (a, b) = (into_contiguous(a), into_contiguous(b));
+        let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
+        launched(tp_kernels::merge_lse(
+            &a.client,
+            &a.clone().binding(),
+            &b.binding(),
+            &out.clone().binding(),
+        ));
+        out
+    }
+
+    fn invariant_tp_pick(
+        acc: Option<FloatTensor<Self>>,
+        stats: FloatTensor<Self>,
+        leaf_targets: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (stats, leaf_targets) = (into_contiguous(stats), into_contiguous(leaf_targets));
+        let acc = acc.map(into_contiguous);
+        let n = leaf_targets.meta.shape()[0];
+        let out = empty(&stats, vec![2, n], DType::F32);
+        let acc_binding = acc.map(|a| a.binding());
+        launched(tp_kernels::pick(
+            &stats.client,
+            acc_binding.as_ref(),
+            &stats.clone().binding(),
+            &leaf_targets.clone().binding(),
+            leaf_targets.dtype.into(),
+            &out.clone().binding(),
+        ));
+        out
+    }
+
+    fn invariant_tp_finish(
+        picks: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        vocab: usize,
+        ignore_index: Option<i64>,
+    ) -> FloatTensor<Self> {
+        let (picks, lse, targets) = (
+            into_contiguous(picks),
+            into_contiguous(lse),
+            into_contiguous(targets),
+        );
+        let n = targets.meta.shape()[0];
+        let out = empty(&lse, vec![n, 2], DType::F32);
+        launched(tp_kernels::finish(
+            &lse.client,
+            &picks.binding(),
+            &lse.clone().binding(),
+            &targets.clone().binding(),
+            targets.dtype.into(),
+            vocab,
+            ignore_index,
+            &out.clone().binding(),
+        ));
+        out
+    }
+}
+
+/// The CubeCl `linear_logp` backward: zeroed gradients (rows with zero upstream gradient add
+/// nothing), one bounded f32 workspace.
+fn linear_logp_backward<R, F, I, BT>(
+    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
+    stats: CubeTensor<R>,
+    grad: CubeTensor<R>,
+    request: GradRequest,
+) -> LinearLogpGrads<CubeBackend<R, F, I, BT>>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let hidden_shape = inputs.hidden.meta.shape().to_vec();
+    let weight_shape = inputs.weight.meta.shape().to_vec();
+    let (n, d, v) = (hidden_shape[0], hidden_shape[1], weight_shape[0]);
+    let d_hidden = zeros(&inputs.hidden, hidden_shape, inputs.hidden.dtype);
+    let d_weight = zeros(&inputs.weight, weight_shape, inputs.weight.dtype);
+    let d_bias = inputs.bias.as_ref().map(|b| zeros(b, vec![v], b.dtype));
+    if n > 0 {
+        let workspace_len = launched(logp::linear_logp_backward_workspace_len(
+            n,
+            d,
+            v,
+            inputs.hidden.dtype.into(),
+            inputs.bias.is_some(),
+        ));
+        let workspace = empty(&inputs.hidden, vec![workspace_len.max(1)], DType::F32);
+        let bindings = LogpBindings::new(&inputs);
+        let (dh, dw) = (d_hidden.clone().binding(), d_weight.clone().binding());
+        let db = d_bias.clone().map(|b| b.binding());
+        launched(logp::linear_logp_backward(
+            &inputs.hidden.client,
+            &bindings.refs(&inputs),
+            &stats.binding(),
+            &grad.binding(),
+            &logp::LinearLogpGrads {
+                d_hidden: &dh,
+                d_weight: &dw,
+                d_bias: db.as_ref(),
+            },
+            &workspace.binding(),
+        ));
+    }
+    LinearLogpGrads {
+        hidden: request.hidden.then_some(d_hidden),
+        weight: request.weight.then_some(d_weight),
+        bias: d_bias.filter(|_| request.bias),
+    }
+}
+
+/// Owned bindings of the `linear_logp` inputs (the kernel API borrows them).
+struct LogpBindings<R: CubeRuntime> {
+    hidden: cubecl::prelude::TensorBinding<R>,
+    weight: cubecl::prelude::TensorBinding<R>,
+    bias: Option<cubecl::prelude::TensorBinding<R>>,
+    targets: cubecl::prelude::TensorBinding<R>,
+}
+
+impl<R: CubeRuntime> LogpBindings<R> {
+    fn new<
+        B: burn::tensor::backend::Backend<
+                FloatTensorPrimitive = CubeTensor<R>,
+                IntTensorPrimitive = CubeTensor<R>,
+            >,
+    >(
+        inputs: &LinearLogpInputs<B>,
+    ) -> Self {
+        Self {
+            hidden: inputs.hidden.clone().binding(),
+            weight: inputs.weight.clone().binding(),
+            bias: inputs.bias.clone().map(CubeTensor::binding),
+            targets: inputs.targets.clone().binding(),
+        }
+    }
+
+    fn refs<
+        'a,
+        B: burn::tensor::backend::Backend<
+                FloatTensorPrimitive = CubeTensor<R>,
+                IntTensorPrimitive = CubeTensor<R>,
+            >,
+    >(
+        &'a self,
+        inputs: &LinearLogpInputs<B>,
+    ) -> logp::LinearLogpInputs<'a, R> {
+        logp::LinearLogpInputs {
+            hidden: &self.hidden,
+            weight: &self.weight,
+            bias: self.bias.as_ref(),
+            targets: &self.targets,
+            targets_dtype: inputs.targets.dtype.into(),
+            ignore_index: inputs.ignore_index,
+            dtype: inputs.hidden.dtype.into(),
+        }
+    }
+}

@@ -1,0 +1,440 @@
+//! The SM90 fused linear log-prob (`kernels/linear_logp_sm90.cu`): the forward over fixed
+//! vocabulary segments plus their merge, and the chunked backward of kernels/README.md
+//! ("Backward"): per (vocabulary chunk, token chunk) the `dz` tile, the `dBias` partials, then
+//! `dHidden` and `dWeight` as GEMMs accumulated in f32 over the chunks in ascending order.
+use burn::tensor::{DType, FloatDType, Shape, ops::FloatTensorOps};
+use burn_cubecl::kernel::into_contiguous;
+use cubecl::server::Binding;
+
+use super::gemm::{GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C, GemmOut, Layout, gemm_launch};
+use super::nvrtc::{RawKernel, Unit, launch};
+use super::operand::TmaOperand;
+use super::params::{LogpBwdParams, LogpFwdParams};
+use super::{LOGP_BWD_SMEM, LOGP_SMEM, sm_count};
+use crate::backends::alloc::{empty, zeros};
+use crate::backends::cuda::{CudaOps, CudaTensor};
+
+/// Token rows of one backward chunk (part of the numerics: `dWeight` sums chunks in order).
+const TOKEN_CHUNK: usize = 4096;
+/// Vocabulary columns of one backward chunk (part of the numerics: `dHidden` sums chunks in
+/// order); also the row stride of the `dz` scratch.
+const VOCAB_CHUNK: usize = 8192;
+/// Vocabulary columns of one forward segment of `ib_logp_fwd` (`LOGP_SEG` in the source).
+const FWD_SEGMENT_COLS: usize = 1024;
+
+const LOGP_HAS_BIAS: u32 = 1;
+const LOGP_HAS_IGNORE: u32 = 2;
+const DBIAS_ACC_LOAD: u32 = 4;
+const DBIAS_ACC_STORE: u32 = 8;
+const DBIAS_STORE: u32 = 16;
+
+/// The kernels' dtype suffix.
+fn is_bf16(dtype: DType) -> bool {
+    match dtype {
+        DType::BF16 => true,
+        DType::F16 => false,
+        other => unreachable!("the registry admits only bf16/f16 for Sm90, got {other:?}"),
+    }
+}
+
+/// Targets as contiguous i32 with ignored rows mapped to −1 (never a valid target), so an
+/// ignore index outside the i32 range still matches exactly.
+fn normalized_targets(targets: CudaTensor, ignore_index: Option<i64>) -> (CudaTensor, Option<i64>) {
+    use burn::tensor::ops::IntTensorOps;
+    let targets = match ignore_index {
+        // Already in the normalized form (the TP leaves' sentinel): nothing to remap.
+        Some(-1) => targets,
+        Some(ignore) => {
+            let is_ignored = CudaOps::int_equal_elem(
+                targets.clone(),
+                ignore.into(),
+                burn::tensor::BoolDType::U8,
+            );
+            CudaOps::int_mask_fill(targets, is_ignored, (-1i64).into())
+        }
+        None => targets,
+    };
+    let targets = if targets.dtype == DType::I32 {
+        targets
+    } else {
+        CudaOps::int_cast(targets, burn::tensor::IntDType::I32)
+    };
+    (into_contiguous(targets), ignore_index.map(|_| -1))
+}
+
+fn logp_flags(bias: bool, ignore_index: Option<i64>) -> u32 {
+    (if bias { LOGP_HAS_BIAS } else { 0 }) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE)
+}
+
+/// The inputs of either direction, as the kernels take them.
+pub(crate) struct LogpArgs {
+    pub hidden: CudaTensor,
+    pub weight: CudaTensor,
+    pub bias: Option<CudaTensor>,
+    pub targets: CudaTensor,
+    pub ignore_index: Option<i64>,
+}
+
+/// Forward: `[N, 2]` f32 `(logp, lse)`.
+pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
+    let LogpArgs {
+        hidden,
+        weight,
+        bias,
+        targets,
+        ignore_index,
+    } = args;
+    let (n, d, v) = (
+        hidden.meta.shape()[0],
+        hidden.meta.shape()[1],
+        weight.meta.shape()[0],
+    );
+    let (dtype, client) = (hidden.dtype, hidden.client.clone());
+    // The owning CTA writes z_t into logp; rows whose target matches no column keep NaN.
+    let logp = CudaOps::float_full(
+        Shape::new([n]),
+        f32::NAN.into(),
+        &hidden.device,
+        FloatDType::F32,
+    );
+    let lse = empty(&hidden, vec![n], DType::F32);
+    let segments = v.div_ceil(FWD_SEGMENT_COLS);
+    let workspace = empty(&hidden, vec![segments * n * 2], DType::F32);
+    let (targets, ignore_index) = normalized_targets(targets, ignore_index);
+    let bias = bias.map(into_contiguous);
+    let (h, w) = (TmaOperand::new(hidden), TmaOperand::new(weight));
+    let params = LogpFwdParams {
+        n: n as u32,
+        v: v as u32,
+        d: d as u32,
+        flags: logp_flags(bias.is_some(), ignore_index),
+        ignore_index: ignore_index.unwrap_or(0),
+    };
+    let outputs = || [&targets, &logp, &lse, &workspace].map(|t| t.handle.clone().binding());
+    let bias_binding = bias
+        .as_ref()
+        .map_or_else(|| h.binding(), |b| b.handle.clone().binding());
+    let mut buffers = vec![h.binding(), w.binding(), bias_binding];
+    buffers.extend(outputs());
+    let items = n.div_ceil(128).div_ceil(2) * segments;
+    let grid = 2 * items.min(sm_count(&client) / 2).max(1);
+    let entry = if is_bf16(dtype) {
+        "ib_logp_fwd_bf16"
+    } else {
+        "ib_logp_fwd_f16"
+    };
+    let forward = RawKernel {
+        entry,
+        unit: Unit::Logp,
+        block: 384,
+        smem: LOGP_SMEM,
+    };
+    launch(
+        &client,
+        forward,
+        grid,
+        vec![h.map(0, n), w.map(0, v)],
+        buffers,
+        &params,
+    );
+    let merge = RawKernel {
+        entry: "ib_logp_merge",
+        unit: Unit::Logp,
+        block: 256,
+        smem: 0,
+    };
+    launch(
+        &client,
+        merge,
+        n.div_ceil(8),
+        vec![],
+        outputs().to_vec(),
+        &params,
+    );
+    let logp = CudaOps::float_reshape(logp, Shape::new([n, 1]));
+    let lse = CudaOps::float_reshape(lse, Shape::new([n, 1]));
+    CudaOps::float_cat(vec![logp, lse], 1)
+}
+
+/// Flags of chunk `index` of `count` in an f32 accumulation over chunks: load the running sum
+/// after the first, store it before the last, write the rounded result at the last.
+fn chunk_flags(index: usize, count: usize, [load, store, finish]: [u32; 3]) -> u32 {
+    let mut flags = 0;
+    if index > 0 {
+        flags |= load;
+    }
+    if index + 1 < count {
+        flags |= store;
+    } else {
+        flags |= finish;
+    }
+    flags
+}
+
+/// Gradients of the backward: `(dHidden, dWeight, dBias)`.
+pub(crate) type LogpGradTensors = (CudaTensor, CudaTensor, Option<CudaTensor>);
+
+/// One (vocabulary chunk, token chunk) of the backward.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    vi: usize,
+    ti: usize,
+    v0: usize,
+    vw: usize,
+    t0: usize,
+    tw: usize,
+}
+
+/// Everything the backward's chunk launches read and write.
+struct Backward {
+    dtype: DType,
+    d: usize,
+    chunks: [usize; 2],
+    h: TmaOperand,
+    w: TmaOperand,
+    bias: Option<CudaTensor>,
+    targets: CudaTensor,
+    ignore_index: Option<i64>,
+    /// The lse column of the forward's stats, and the upstream `dLogp`, `dLse` columns.
+    columns: [CudaTensor; 3],
+    /// `dz` of the live chunk: `[min(N, TOKEN_CHUNK), VOCAB_CHUNK]`.
+    dz: TmaOperand,
+    dbias_part: CudaTensor,
+    /// f32 running sums of the accumulations over chunks, where there is more than one.
+    dh_acc: Option<CudaTensor>,
+    dw_acc: Option<CudaTensor>,
+    db_acc: Option<CudaTensor>,
+    grads: LogpGradTensors,
+}
+
+impl Backward {
+    /// Splits the stats and upstream gradient into columns and allocates the bounded scratch.
+    fn prepare(args: LogpArgs, stats: CudaTensor, grad: CudaTensor) -> Self {
+        let LogpArgs {
+            hidden,
+            weight,
+            bias,
+            targets,
+            ignore_index,
+        } = args;
+        let (n, d, v) = (
+            hidden.meta.shape()[0],
+            hidden.meta.shape()[1],
+            weight.meta.shape()[0],
+        );
+        let dtype = hidden.dtype;
+        let column = |t: &CudaTensor, c: usize| {
+            let col = CudaOps::float_slice(t.clone(), &[(0..n).into(), (c..c + 1).into()]);
+            into_contiguous(CudaOps::float_reshape(
+                into_contiguous(col),
+                Shape::new([n]),
+            ))
+        };
+        let columns = [column(&stats, 1), column(&grad, 0), column(&grad, 1)];
+        let (targets, ignore_index) = normalized_targets(targets, ignore_index);
+        let bias = bias.map(into_contiguous);
+        let grads = (
+            empty(&hidden, vec![n, d], dtype),
+            empty(&weight, vec![v, d], dtype),
+            bias.as_ref().map(|b| empty(b, vec![v], b.dtype)),
+        );
+        let chunks = [v.div_ceil(VOCAB_CHUNK), n.div_ceil(TOKEN_CHUNK)];
+        let rows = n.min(TOKEN_CHUNK);
+        Self {
+            dtype,
+            d,
+            chunks,
+            dz: TmaOperand::new(empty(&hidden, vec![rows, VOCAB_CHUNK], dtype)),
+            dbias_part: empty(&hidden, vec![rows.div_ceil(128) * VOCAB_CHUNK], DType::F32),
+            dh_acc: (chunks[0] > 1).then(|| empty(&hidden, vec![n, d], DType::F32)),
+            dw_acc: (chunks[1] > 1).then(|| empty(&weight, vec![v, d], DType::F32)),
+            db_acc: bias
+                .as_ref()
+                .filter(|_| chunks[1] > 1)
+                .map(|b| empty(b, vec![v], DType::F32)),
+            h: TmaOperand::new(hidden),
+            w: TmaOperand::new(weight),
+            bias,
+            targets,
+            ignore_index,
+            columns,
+            grads,
+        }
+    }
+
+    fn params(&self, chunk: Chunk) -> LogpBwdParams {
+        let mut flags = logp_flags(self.bias.is_some(), self.ignore_index);
+        if self.bias.is_some() {
+            let dbias = [DBIAS_ACC_LOAD, DBIAS_ACC_STORE, DBIAS_STORE];
+            flags |= chunk_flags(chunk.ti, self.chunks[1], dbias);
+        }
+        LogpBwdParams {
+            tw: chunk.tw as u32,
+            vw: chunk.vw as u32,
+            d: self.d as u32,
+            flags,
+            ignore_index: self.ignore_index.unwrap_or(0),
+            t0: chunk.t0 as u32,
+            v0: chunk.v0 as u32,
+            ldz: VOCAB_CHUNK as u32,
+            pad: 0,
+        }
+    }
+
+    /// A bound buffer, or any live buffer where the kernel reads nothing.
+    fn or_any(&self, t: Option<&CudaTensor>) -> Binding {
+        t.map_or_else(|| self.h.binding(), |t| t.handle.clone().binding())
+    }
+
+    /// `dz = (dLse − dLogp)·p + dLogp·onehot` of the chunk, and its dBias row-block partials.
+    fn launch_dz(&self, chunk: Chunk) {
+        let client = &self.grads.0.client;
+        let [lse, g_logp, g_lse] = &self.columns;
+        let buffers = vec![
+            self.h.binding(),
+            self.w.binding(),
+            self.or_any(self.bias.as_ref()),
+            self.targets.handle.clone().binding(),
+            lse.handle.clone().binding(),
+            g_logp.handle.clone().binding(),
+            g_lse.handle.clone().binding(),
+            self.dz.binding(),
+            self.dbias_part.handle.clone().binding(),
+        ];
+        let tiles = chunk.tw.div_ceil(128).div_ceil(2) * chunk.vw.div_ceil(256);
+        let grid = 2 * tiles.min(sm_count(client) / 2).max(1);
+        let entry = if is_bf16(self.dtype) {
+            "ib_logp_bwd_dz_bf16"
+        } else {
+            "ib_logp_bwd_dz_f16"
+        };
+        let kernel = RawKernel {
+            entry,
+            unit: Unit::Logp,
+            block: 384,
+            smem: LOGP_BWD_SMEM,
+        };
+        let maps = vec![
+            self.h.map(chunk.t0, chunk.tw),
+            self.w.map(chunk.v0, chunk.vw),
+        ];
+        launch(client, kernel, grid, maps, buffers, &self.params(chunk));
+    }
+
+    /// dBias of the chunk's columns: its row-block partials in ascending order, added to the
+    /// running sum of the earlier token chunks.
+    fn reduce_dbias(&self, chunk: Chunk) {
+        let client = &self.grads.0.client;
+        let entry = if is_bf16(self.dtype) {
+            "ib_logp_bwd_dbias_bf16"
+        } else {
+            "ib_logp_bwd_dbias_f16"
+        };
+        let kernel = RawKernel {
+            entry,
+            unit: Unit::Logp,
+            block: 256,
+            smem: 0,
+        };
+        let buffers = vec![
+            self.dbias_part.handle.clone().binding(),
+            self.or_any(self.db_acc.as_ref()),
+            self.or_any(self.grads.2.as_ref()),
+        ];
+        launch(
+            client,
+            kernel,
+            chunk.vw.div_ceil(256),
+            vec![],
+            buffers,
+            &self.params(chunk),
+        );
+    }
+
+    /// `dH[t0..t0+tw] (+)= dz · W[v0..v0+vw]` (the reduction over this vocabulary chunk) or
+    /// `dW[v0..v0+vw] (+)= dzᵀ · H[t0..t0+tw]` (over this token chunk), in f32 across chunks.
+    fn accumulate(&self, chunk: Chunk, target: Gradient) {
+        let (layout, c, acc, [index, count], c_row) = match target {
+            Gradient::Hidden => {
+                let position = [chunk.vi, self.chunks[0]];
+                (Layout::Nn, &self.grads.0, &self.dh_acc, position, chunk.t0)
+            }
+            Gradient::Weight => {
+                let position = [chunk.ti, self.chunks[1]];
+                (Layout::Tn, &self.grads.1, &self.dw_acc, position, chunk.v0)
+            }
+        };
+        let (other, [m, k]) = match target {
+            Gradient::Hidden => (
+                (&self.w, self.w.map(chunk.v0, chunk.vw)),
+                [chunk.tw, chunk.vw],
+            ),
+            Gradient::Weight => (
+                (&self.h, self.h.map(chunk.t0, chunk.tw)),
+                [chunk.vw, chunk.tw],
+            ),
+        };
+        let out = GemmOut {
+            c,
+            acc: acc.as_ref(),
+            bias: None,
+            flags: chunk_flags(index, count, [GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C]),
+            ldc: self.d,
+            c_offset: c_row * self.d,
+        };
+        // dz's map covers only the live chunk: tw rows × vw columns.
+        let dz = (&self.dz, self.dz.map_columns(0, chunk.tw, chunk.vw));
+        gemm_launch(layout, self.dtype, (dz, other), [m, self.d, k], out);
+    }
+}
+
+/// The gradient a chunk GEMM accumulates.
+#[derive(Debug, Clone, Copy)]
+enum Gradient {
+    Hidden,
+    Weight,
+}
+
+/// Backward from the forward's `stats [N, 2]` and the upstream `grad [N, 2]`.
+pub(crate) fn linear_logp_backward(
+    args: LogpArgs,
+    stats: CudaTensor,
+    grad: CudaTensor,
+) -> LogpGradTensors {
+    let (n, d, v) = (
+        args.hidden.meta.shape()[0],
+        args.hidden.meta.shape()[1],
+        args.weight.meta.shape()[0],
+    );
+    if n == 0 || d == 0 {
+        let dtype = args.hidden.dtype;
+        return (
+            zeros(&args.hidden, vec![n, d], dtype),
+            zeros(&args.weight, vec![v, d], dtype),
+            args.bias.as_ref().map(|b| zeros(b, vec![v], b.dtype)),
+        );
+    }
+    let backward = Backward::prepare(args, stats, grad);
+    let [vocab_chunks, token_chunks] = backward.chunks;
+    for vi in 0..vocab_chunks {
+        let (v0, vw) = (vi * VOCAB_CHUNK, VOCAB_CHUNK.min(v - vi * VOCAB_CHUNK));
+        for ti in 0..token_chunks {
+            let (t0, tw) = (ti * TOKEN_CHUNK, TOKEN_CHUNK.min(n - ti * TOKEN_CHUNK));
+            let chunk = Chunk {
+                vi,
+                ti,
+                v0,
+                vw,
+                t0,
+                tw,
+            };
+            backward.launch_dz(chunk);
+            if backward.bias.is_some() {
+                backward.reduce_dbias(chunk);
+            }
+            backward.accumulate(chunk, Gradient::Hidden);
+            backward.accumulate(chunk, Gradient::Weight);
+        }
+    }
+    backward.grads
+}

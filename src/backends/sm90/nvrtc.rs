@@ -1,0 +1,143 @@
+//! The raw kernels of `kernels/` as cubecl tasks: one entry point per NVRTC compilation
+//! (`IB_SELECT`, seconds instead of a minute for the whole unit), cached by cubecl under the
+//! entry's name, launched on cubecl's own stream with cubecl's buffers so they order with
+//! every other Burn op. The ABI (maps, buffers, parameter blocks, grids) is `kernels/README.md`.
+use bytemuck::Pod;
+use cubecl::cuda::{CudaCompiler, CudaComputeKernel, CudaRuntime};
+use cubecl::prelude::*;
+use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo, TensorMapBinding};
+use cubecl::{CompilationError, Compiler, CubeTask};
+use cubecl_cpp::shared::{Body, Elem, Flags, Item, SharedMemory};
+
+const COMMON: &str = include_str!("../../../kernels/common.cuh");
+const GEMM_UNIT: &str = include_str!("../../../kernels/gemm_sm90.cu");
+const LOGP_UNIT: &str = include_str!("../../../kernels/linear_logp_sm90.cu");
+const STREAM_SYNC_UNIT: &str = include_str!("../../../kernels/stream_sync.cu");
+
+/// The source file an entry point lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Gemm,
+    Logp,
+    /// `kernels/stream_sync.cu`: plain CUDA for any architecture, compiled without `common.cuh`.
+    StreamSync,
+}
+
+impl Unit {
+    /// The source NVRTC compiles for `entry`.
+    fn source(self, entry: &str) -> String {
+        let selected =
+            |unit: &str| format!("#define IB_SELECT\n#define IB_ENTRY_{entry}\n{COMMON}\n{unit}");
+        match self {
+            Unit::Gemm => selected(GEMM_UNIT),
+            Unit::Logp => selected(LOGP_UNIT),
+            Unit::StreamSync => STREAM_SYNC_UNIT.to_string(),
+        }
+    }
+}
+
+/// One entry point of `kernels/` with its launch shape.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawKernel {
+    /// The `extern "C"` name; entry names are a fixed set, so no allocation per launch.
+    pub entry: &'static str,
+    pub unit: Unit,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory in bytes.
+    pub smem: usize,
+}
+
+impl KernelMetadata for RawKernel {
+    fn id(&self) -> KernelId {
+        // The sources are compile-time constants: the entry name identifies the binary.
+        KernelId::new::<Self>()
+            .info((self.entry, self.smem))
+            .cube_dim(CubeDim::new_1d(self.block))
+    }
+
+    fn address_type(&self) -> StorageType {
+        u32::as_type_native_unchecked().storage_type()
+    }
+}
+
+/// cubecl-cuda reads only the dynamic shared-memory size from `repr`.
+fn stub_repr(entry: &str, cube_dim: CubeDim, smem: usize) -> CudaComputeKernel {
+    let shared_memories = match smem {
+        0 => vec![],
+        length => vec![SharedMemory::Array {
+            index: 0,
+            item: Item::scalar(Elem::U8, true),
+            length,
+            align: 16,
+            offset: 0,
+        }],
+    };
+    CudaComputeKernel {
+        tensor_maps: vec![],
+        buffers: vec![],
+        scalars: vec![],
+        info: Default::default(),
+        meta_static_len: 0,
+        body: Body {
+            instructions: vec![],
+            shared_memories,
+            pipelines: vec![],
+            barriers: vec![],
+            const_arrays: vec![],
+            local_arrays: vec![],
+            info_by_ptr: false,
+            has_dynamic_meta: false,
+            address_type: Item::scalar(Elem::U32, true),
+        },
+        cube_dim,
+        cluster_dim: None,
+        extensions: vec![],
+        flags: Flags::default(),
+        items: Default::default(),
+        kernel_name: entry.to_string(),
+    }
+}
+
+impl CubeTask<CudaCompiler> for RawKernel {
+    fn compile(
+        &self,
+        _compiler: &mut CudaCompiler,
+        _options: &<CudaCompiler as Compiler>::CompilationOptions,
+        _mode: ExecutionMode,
+        _address_type: StorageType,
+    ) -> Result<CompiledKernel<CudaCompiler>, CompilationError> {
+        let cube_dim = CubeDim::new_1d(self.block);
+        Ok(CompiledKernel {
+            entrypoint_name: self.entry.to_string(),
+            debug_name: None,
+            source: self.unit.source(self.entry),
+            repr: Some(stub_repr(self.entry, cube_dim, self.smem)),
+            cube_dim,
+            debug_info: None,
+        })
+    }
+}
+
+/// Launches `kernel` on `grid` blocks. Kernel parameters in cubecl's order: the maps, their
+/// buffers, `buffers`, then `params` by value (a `params.rs` mirror of the kernel's struct).
+pub(crate) fn launch<P: Pod>(
+    client: &ComputeClient<CudaRuntime>,
+    kernel: RawKernel,
+    grid: usize,
+    maps: Vec<TensorMapBinding>,
+    buffers: Vec<Binding>,
+    params: &P,
+) {
+    let info = super::params::words(params);
+    let words = info.len();
+    let args = KernelArguments::new()
+        .with_tensor_maps(maps)
+        .with_buffers(buffers)
+        .with_info(MetadataBindingInfo::new(info, words));
+    client.launch(
+        Box::new(kernel),
+        CubeCount::Static(grid.max(1) as u32, 1, 1),
+        args,
+    );
+}

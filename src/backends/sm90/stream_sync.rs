@@ -1,0 +1,41 @@
+//! `kernels/stream_sync.cu` on cubecl's stream: the flag-word kernels that order the NCCL
+//! group's stream with cubecl's (cubecl 0.10 keeps its `CUstream` private).
+use cubecl::cuda::CudaRuntime;
+use cubecl::prelude::ComputeClient;
+use cubecl::server::Binding;
+
+use super::nvrtc::{RawKernel, Unit, launch};
+pub(crate) use super::params::SyncParams;
+
+/// One entry point of `kernels/stream_sync.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SyncKernel {
+    /// Publishes the sequence number once the block (an ordered buffer) is written.
+    Signal,
+    /// One warp holds later work until the NCCL stream publishes the number back.
+    Wait,
+    /// Moves the gathered words into the result (NaN where the wait timed out).
+    Copy,
+}
+
+/// Launches `kernel` on `grid` blocks of `block` threads on the client's stream.
+pub(crate) fn launch_stream_sync(
+    client: &ComputeClient<CudaRuntime>,
+    kernel: SyncKernel,
+    [grid, block]: [u32; 2],
+    buffers: Vec<Binding>,
+    params: SyncParams,
+) {
+    let entry = match kernel {
+        SyncKernel::Signal => "ib_signal",
+        SyncKernel::Wait => "ib_wait",
+        SyncKernel::Copy => "ib_copy",
+    };
+    let kernel = RawKernel {
+        entry,
+        unit: Unit::StreamSync,
+        block,
+        smem: 0,
+    };
+    launch(client, kernel, grid as usize, vec![], buffers, &params);
+}
