@@ -2,12 +2,13 @@
 # One H100 run: the CUDA test suites (registry default = Sm90 for bf16/f16, then forced CubeCl),
 # compute-sanitizer on the raw kernels, the GPU report beside cuBLAS, and the main example.
 # Expects the stripped binaries (xz) in .gpu/ (see README "GPU runs"); writes logs to $OUT.
+# `overhead`: the public-call overhead bench (`benches/call_overhead.rs`) and cuBLAS at the same shapes.
 set -uo pipefail
-cd .gpu && for f in *.xz; do xz -d -f "$f"; done && chmod +x gpu gpu_report lm_head && cd ..
+(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; chmod +x ./*)
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
-step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, example
+step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
+MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, overhead, example
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 200 .gpu/gpu cuda:: --test-threads=1
@@ -21,6 +22,11 @@ if has bench; then
   step report 300 .gpu/gpu_report
   step cublas 120 python3 benches/cublas_reference.py
   python3 benches/compare.py "$OUT/report.log" "$OUT/cublas.log" > "$OUT/table.md"; cat "$OUT/table.md"
+fi
+if has overhead; then
+  step overhead 200 .gpu/call_overhead
+  step cublas_decode 60 python3 benches/cublas_decode.py; cat "$OUT/cublas_decode.log"
+  grep -h "^OVERHEAD_DELTA" "$OUT/overhead.log"
 fi
 if has example; then
   step example 120 .gpu/lm_head; tail -6 "$OUT/example.log"
