@@ -10,7 +10,7 @@ struct GemmParams {
   u64 ldc;         // offset 16: row stride of C and Cacc, in elements
   u64 c_offset;    // offset 24: element offset added to C and Cacc
 };                 // sizeof 32
-static_assert(sizeof(GemmParams) == 32, "GemmParams ABI: the host builds these bytes by hand");
+static_assert(sizeof(GemmParams) == 32, "GemmParams ABI: mirrored by src/backends/sm90/params.rs");
 
 #define GEMM_BIAS 1u       // C = round(v + bias[n])
 #define GEMM_ACC_LOAD 2u   // v = Cacc[m,n] + acc   (else v = acc)

@@ -29,8 +29,8 @@ struct LogpBwdParams {
   u32 ldz;                 // offset 32: row stride (elements) of dz and of dbias_part; multiple of 8
 };                         // sizeof 40
 
-static_assert(sizeof(LogpFwdParams) == 24, "LogpFwdParams ABI: the host builds these bytes by hand");
-static_assert(sizeof(LogpBwdParams) == 40, "LogpBwdParams ABI: the host builds these bytes by hand");
+static_assert(sizeof(LogpFwdParams) == 24, "LogpFwdParams ABI: mirrored by src/backends/sm90/params.rs");
+static_assert(sizeof(LogpBwdParams) == 40, "LogpBwdParams ABI: mirrored by src/backends/sm90/params.rs");
 
 #define LOGP_HAS_BIAS 1u
 #define LOGP_HAS_IGNORE 2u

@@ -19,7 +19,7 @@ struct SyncParams {
   u64 timeout_ns;  // offset 16: ib_wait gives up after this long
   u64 words;       // offset 24: 32-bit words ib_copy moves
 };
-static_assert(sizeof(SyncParams) == 32, "SyncParams ABI: the host builds these bytes by hand");
+static_assert(sizeof(SyncParams) == 32, "SyncParams ABI: mirrored by src/backends/sm90/params.rs");
 
 __device__ __forceinline__ u64 global_ns() {
   u64 t;
