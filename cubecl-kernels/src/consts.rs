@@ -4,8 +4,6 @@
 //! rows (M / N tokens), the device's core count or an autotuner: that is what makes the results
 //! row-invariant and run-to-run deterministic.
 
-use crate::gemm::CmmaTile;
-
 /// FMA GEMM: rows of the output block owned by one cube.
 pub const FMA_BM: usize = 64;
 /// FMA GEMM: columns of the output block owned by one cube.
@@ -63,10 +61,10 @@ pub const LOGP_ROWS: usize = FMA_BM;
 /// `linear_logp`: vocabulary tile walked by the online softmax, ascending.
 pub const LOGP_VOCAB_TILE: usize = FMA_BN;
 /// `linear_logp` forward: vocabulary segment. The vocabulary is cut into
-/// `ceil(V / LOGP_SEGMENT)` segments (independent of N and of the device); each segment is reduced
+/// `ceil(V / LOGP_FWD_SEGMENT)` segments (independent of N and of the device); each segment is reduced
 /// in ascending tile order by one cube per row block, and the segment partials are merged in
 /// ascending segment order by a second kernel.
-pub const LOGP_SEGMENT: usize = 4096;
+pub const LOGP_FWD_SEGMENT: usize = 4096;
 /// Floats per (segment, row) in the forward workspace: running max, running sum-exp, target logit.
 pub const LOGP_PARTIAL_STRIDE: usize = 3;
 
@@ -78,3 +76,96 @@ pub const BWD_VOCAB_CHUNK: usize = 4096;
 
 /// Largest element offset a kernel may compute (32-bit kernel addressing, kept in i32 range).
 pub const MAX_INDEX: u128 = i32::MAX as u128;
+
+/// The cube's tiling: output block `bm × bn`, K stage depth `bk`, planes `pm × pn` (plane-major
+/// along N). Every tiling computes each output element with the same sequence of 16-deep MMA
+/// steps in ascending K, so all tilings give the same bits; one is pinned for [`crate::matmul`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CmmaTile {
+    /// Output rows per cube.
+    pub bm: usize,
+    /// Output columns per cube.
+    pub bn: usize,
+    /// K depth of one shared-memory stage.
+    pub bk: usize,
+    /// Planes along M.
+    pub pm: usize,
+    /// Planes along N.
+    pub pn: usize,
+    /// Shared-memory stages in the ring of the `cp.async` pipeline (CUDA, 16-byte aligned
+    /// operands); elsewhere the kernel double-buffers through registers.
+    pub stages: usize,
+    /// `cp.async` ring: the slot refilled while stage `j` runs is the one stage `j - lag` used.
+    /// 1: after a cube barrier; 2 (needs `stages ≥ 3`): after that slot's release barrier, so
+    /// planes drift apart by up to a stage instead of meeting at a cube barrier every stage.
+    pub lag: usize,
+}
+
+impl CmmaTile {
+    /// Planes per cube.
+    pub fn planes(&self) -> usize {
+        self.pm * self.pn
+    }
+
+    /// Whether the tiling is well formed: every plane owns whole 16×16 fragments, the stage is
+    /// whole MMA steps, and each unit moves a whole number of vectors.
+    pub fn is_valid(&self, plane_size: usize) -> bool {
+        let threads = plane_size * self.planes();
+        let f = CMMA_FRAG;
+        self.pm > 0
+            && self.pn > 0
+            && self.bm.is_multiple_of(self.pm * f)
+            && self.bn.is_multiple_of(self.pn * f)
+            && self.bk.is_multiple_of(f)
+            && (self.bm * self.bk).is_multiple_of(threads * CMMA_VECTOR)
+            && (self.bn * self.bk).is_multiple_of(threads * CMMA_VECTOR)
+            && (f * f).is_multiple_of(plane_size)
+    }
+
+    /// Elements of one shared stage of the lhs tile, staged K-contiguous or M-contiguous.
+    pub const fn a_stage_len(&self, a_kfast: bool) -> usize {
+        if a_kfast {
+            stage_len(self.bm, self.bk)
+        } else {
+            stage_len(self.bk, self.bm)
+        }
+    }
+
+    /// Elements of one shared stage of the rhs tile, staged N-contiguous or K-contiguous.
+    pub const fn b_stage_len(&self, b_nfast: bool) -> usize {
+        if b_nfast {
+            stage_len(self.bk, self.bn)
+        } else {
+            stage_len(self.bn, self.bk)
+        }
+    }
+
+    /// Elements of one stage of both operands, each in its larger orientation.
+    fn stage_elems(&self) -> usize {
+        self.a_stage_len(true).max(self.a_stage_len(false))
+            + self.b_stage_len(true).max(self.b_stage_len(false))
+    }
+
+    /// Shared memory the register-pipelined kernel uses, in bytes, for `elem_size`-byte operands
+    /// (two stages, plus the `cmma` epilogue scratch).
+    pub fn shared_bytes(&self, elem_size: usize) -> usize {
+        2 * self.stage_elems() * elem_size + self.planes() * CMMA_FRAG * CMMA_FRAG * 4
+    }
+
+    /// Shared memory the `cp.async` kernel uses, in bytes (the ring of stages; the barriers
+    /// take 8 bytes each, counted generously).
+    pub fn async_shared_bytes(&self, elem_size: usize) -> usize {
+        self.stages * self.stage_elems() * elem_size + 16 * self.stages
+    }
+
+    /// Whether the `cp.async` ring is well formed: at least two stages and a lag that leaves a
+    /// stage in flight.
+    pub fn ring_is_valid(&self) -> bool {
+        self.stages >= 2 && self.lag >= 1 && self.lag < self.stages && self.lag <= 2
+    }
+}
+
+/// Elements of one shared stage of an operand tile `outer × inner` (inner contiguous, padded).
+pub(crate) const fn stage_len(outer: usize, inner: usize) -> usize {
+    outer * (inner + CMMA_PAD)
+}

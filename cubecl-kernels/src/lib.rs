@@ -42,7 +42,7 @@
 //! ### Fused linear log-prob ([`linear_logp_forward`], [`linear_logp_backward`])
 //! * `z_ij = fma-chain_d(f32(hidden[i,d]) · f32(weight[j,d])) + f32(bias[j])` — bitwise the FMA
 //!   GEMM of `hidden · weightᵀ + bias`. Outputs f32 `stats[i] = (logp_i, lse_i)`.
-//! * Forward: the vocabulary is cut into `ceil(V / LOGP_SEGMENT)` fixed segments; in each, 64-wide
+//! * Forward: the vocabulary is cut into `ceil(V / LOGP_FWD_SEGMENT)` fixed segments; in each, 64-wide
 //!   vocab tiles are walked in ascending order with an online softmax; segment partials (an
 //!   O(N) f32 workspace) are merged in ascending segment order. Backward recomputes the logits
 //!   tile by tile into a scratch bounded by `BWD_ROW_CHUNK × BWD_VOCAB_CHUNK` f32 (4 MiB).
@@ -68,7 +68,7 @@ pub use gemm::{
     FmaMode, GemmPath, cmma_supported, col_sum, fma_mode, matmul, matmul_path, matmul_row_reduction,
 };
 pub use logp::{
-    LinearLogpGrads, LinearLogpInputs, linear_logp_backward, linear_logp_backward_workspace_len,
+    LogpGradRefs, LogpInputRefs, linear_logp_backward, linear_logp_backward_workspace_len,
     linear_logp_forward, linear_logp_forward_workspace_len, linear_logp_num_segments,
 };
 pub use util::{FloatDType, IndexDType, runtime_supports};

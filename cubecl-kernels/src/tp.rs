@@ -14,7 +14,7 @@ const BLOCK: usize = 256;
 /// Leaf target of row `i`: `t − start` when `0 ≤ t − start < len` and `t` is not ignored,
 /// `-1` (the leaf's ignore index) when ignored, `-2` (matches no column) otherwise.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 fn leaf_targets_kernel<I: Int>(
     targets: &Tensor<I>,
     out: &mut Tensor<I>,
@@ -63,7 +63,7 @@ fn merge_lse_kernel(a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>, n: 
 /// `out [2, N]`: row 0 the leaf's `logp`, row 1 its `lse` where the leaf owns the row
 /// (`leaf_targets ≥ 0`), `acc` (or 0) elsewhere.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 fn pick_kernel<I: Int>(
     acc: &Tensor<f32>,
     stats: &Tensor<f32>,
@@ -94,7 +94,7 @@ fn pick_kernel<I: Int>(
 /// `out [N, 2] = (logp, lse)`: `logp = 0` for ignored rows, `pick_logp + (pick_lse − lse)` for
 /// targets in `[0, V)`, NaN for any other target.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 fn finish_kernel<I: Int>(
     picks: &Tensor<f32>,
     lse: &Tensor<f32>,
@@ -294,19 +294,34 @@ pub fn pick<R: Runtime>(
     Ok(())
 }
 
+/// The global targets of [`finish`]: `[N]` integers over the vocabulary `[0, vocab)`, and the
+/// ignore index.
+pub struct GlobalTargets<'a, R: Runtime> {
+    /// Contiguous `[N]`, dtype `dtype`.
+    pub targets: &'a TensorBinding<R>,
+    /// i32 or i64.
+    pub dtype: StorageType,
+    /// The global vocabulary size.
+    pub vocab: usize,
+    /// Rows whose target equals this give `logp = 0`.
+    pub ignore_index: Option<i64>,
+}
+
 /// `out [N, 2] = (logp, lse)` from the owners' `picks [2, N]` (logp row, lse row), the global
-/// `lse [N]` and `targets [N]` over the global vocabulary `[0, vocab)`. All contiguous.
-#[allow(clippy::too_many_arguments)]
+/// `lse [N]` and the global targets. All contiguous.
 pub fn finish<R: Runtime>(
     client: &ComputeClient<R>,
     picks: &TensorBinding<R>,
     lse: &TensorBinding<R>,
-    targets: &TensorBinding<R>,
-    targets_dtype: StorageType,
-    vocab: usize,
-    ignore_index: Option<i64>,
+    global: &GlobalTargets<'_, R>,
     out: &TensorBinding<R>,
 ) -> Result<(), KernelError> {
+    let GlobalTargets {
+        targets,
+        dtype: targets_dtype,
+        vocab,
+        ignore_index,
+    } = *global;
     let it = IndexDType::from_storage("targets", targets_dtype)?;
     let n = targets.shape.first().copied().unwrap_or(0);
     contiguous("targets", targets, &[n], it.size(), false)?;

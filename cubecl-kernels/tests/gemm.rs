@@ -8,15 +8,11 @@ use burn_invariant_cubecl::{
 use common::*;
 use cubecl::prelude::*;
 
-#[allow(clippy::too_many_arguments)]
+/// `a [m, k] · b [k, n] (+ bias)` in `dt`, read back as f32, and the path that ran.
 fn gemm_run<R: Runtime>(
     client: &ComputeClient<R>,
-    a: &[f32],
-    b: &[f32],
-    bias: Option<&[f32]>,
-    m: usize,
-    k: usize,
-    n: usize,
+    (a, b, bias): (&[f32], &[f32], Option<&[f32]>),
+    [m, k, n]: [usize; 3],
     dt: Dt,
 ) -> (Vec<f32>, GemmPath) {
     let ab = upload(client, a, &[m, k], dt);
@@ -45,7 +41,7 @@ fn correctness<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
                 let bias = rand_vec(n as u64 + 99, n, dt);
                 let use_bias = (m + k + n) % 2 == 1;
                 let biasr = use_bias.then_some(bias.as_slice());
-                let (got, _) = gemm_run(client, &a, &b, biasr, m, k, n, dt);
+                let (got, _) = gemm_run(client, (&a, &b, biasr), [m, k, n], dt);
                 let (want, mag) = gemm_f64(&a, &b, biasr, m, k, n);
                 assert_close(
                     &format!("{dt:?} m={m} k={k} n={n} bias={use_bias}"),
@@ -70,13 +66,18 @@ fn row_invariance<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     let a = rand_vec(1, m * k, dt);
     let b = rand_vec(2, k * n, dt);
     let bias = rand_vec(3, n, dt);
-    let (full, _) = gemm_run(client, &a, &b, Some(&bias), m, k, n, dt);
+    let (full, _) = gemm_run(client, (&a, &b, Some(&bias)), [m, k, n], dt);
     // Rerun determinism.
-    let (again, _) = gemm_run(client, &a, &b, Some(&bias), m, k, n, dt);
+    let (again, _) = gemm_run(client, (&a, &b, Some(&bias)), [m, k, n], dt);
     assert_eq!(bits(&full), bits(&again), "rerun determinism");
     // Single rows.
     for &i in &[0usize, 1, 33, 63, 64, 66] {
-        let (row, _) = gemm_run(client, &a[i * k..(i + 1) * k], &b, Some(&bias), 1, k, n, dt);
+        let (row, _) = gemm_run(
+            client,
+            (&a[i * k..(i + 1) * k], &b, Some(&bias)),
+            [1, k, n],
+            dt,
+        );
         assert_eq!(
             bits(&row),
             bits(&full[i * n..(i + 1) * n]),
@@ -86,14 +87,19 @@ fn row_invariance<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     // Chunked rows (chunk boundaries not on tile boundaries).
     let mut chunked = Vec::new();
     for (s, e) in [(0usize, 5usize), (5, 50), (50, 67)] {
-        let (c, _) = gemm_run(client, &a[s * k..e * k], &b, Some(&bias), e - s, k, n, dt);
+        let (c, _) = gemm_run(
+            client,
+            (&a[s * k..e * k], &b, Some(&bias)),
+            [e - s, k, n],
+            dt,
+        );
         chunked.extend(c);
     }
     assert_eq!(bits(&chunked), bits(&full), "chunked rows vs one call");
     // Padded rows: 61 extra rows of garbage appended.
     let mut ap = a.clone();
     ap.extend(rand_vec(77, 61 * k, dt).iter().map(|x| x * 1000.0));
-    let (padded, _) = gemm_run(client, &ap, &b, Some(&bias), m + 61, k, n, dt);
+    let (padded, _) = gemm_run(client, (&ap, &b, Some(&bias)), [m + 61, k, n], dt);
     assert_eq!(bits(&padded[..m * n]), bits(&full), "padded rows");
     eprintln!(
         "[{}] gemm {dt:?} bitwise row invariance (alone/chunked/padded) + rerun: PASS",
@@ -105,7 +111,7 @@ fn strided_layouts<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     let (m, k, n) = (37usize, 45usize, 70usize);
     let a = rand_vec(11, m * k, dt);
     let b = rand_vec(12, k * n, dt);
-    let (dense, _) = gemm_run(client, &a, &b, None, m, k, n, dt);
+    let (dense, _) = gemm_run(client, (&a, &b, None), [m, k, n], dt);
     let at = upload_transposed_view(client, &a, m, k, dt);
     let bt = upload_transposed_view(client, &b, k, n, dt);
     let out = alloc(client, &[m, n], &[n + 13, 1], dt);
@@ -391,7 +397,7 @@ fn fma_vs_cpu<R: Runtime>(client: &ComputeClient<R>) {
     let a = rand_vec(21, m * k, Dt::F32);
     let b = rand_vec(22, k * n, Dt::F32);
     let bias = rand_vec(23, n, Dt::F32);
-    let (got, path) = gemm_run(client, &a, &b, Some(&bias), m, k, n, Dt::F32);
+    let (got, path) = gemm_run(client, (&a, &b, Some(&bias)), [m, k, n], Dt::F32);
     assert_eq!(path, GemmPath::Fma);
     let want = gemm_mul_add_chain(&a, &b, Some(&bias), m, k, n);
     let diff = got

@@ -3,7 +3,7 @@
 mod common;
 
 use burn_invariant_cubecl::{
-    KernelError, LinearLogpGrads, LinearLogpInputs, linear_logp_backward,
+    KernelError, LogpGradRefs, LogpInputRefs, linear_logp_backward,
     linear_logp_backward_workspace_len, linear_logp_forward, linear_logp_forward_workspace_len,
 };
 use common::*;
@@ -98,8 +98,8 @@ fn upload_problem<R: Runtime>(client: &ComputeClient<R>, p: &Problem) -> Dev<R> 
     }
 }
 
-fn inputs<'a, R: Runtime>(dev: &'a Dev<R>, p: &Problem) -> LinearLogpInputs<'a, R> {
-    LinearLogpInputs {
+fn inputs<'a, R: Runtime>(dev: &'a Dev<R>, p: &Problem) -> LogpInputRefs<'a, R> {
+    LogpInputRefs {
         hidden: dev.hidden.b(),
         weight: dev.weight.b(),
         bias: dev.bias.as_ref().map(|b| b.b()),
@@ -154,7 +154,7 @@ fn backward<R: Runtime>(client: &ComputeClient<R>, p: &Problem, g: &[f32]) -> Gr
         &inp,
         stats.b(),
         grad.b(),
-        &LinearLogpGrads {
+        &LogpGradRefs {
             d_hidden: dh.b(),
             d_weight: dw.b(),
             d_bias: db.as_ref().map(|b| b.b()),
@@ -462,7 +462,7 @@ fn errors<R: Runtime>(client: &ComputeClient<R>) {
         &inputs(&dev, &p),
         stats.b(),
         g.b(),
-        &LinearLogpGrads {
+        &LogpGradRefs {
             d_hidden: dh.b(),
             d_weight: dw.b(),
             d_bias: None,

@@ -44,14 +44,14 @@ fn median_seconds(reps: usize, sync: &dyn Fn(), mut call: impl FnMut()) -> f64 {
 fn perf_cuda() {
     use burn_invariant_cubecl::gemm::{CmmaTile, matmul_cmma_tiled};
     use burn_invariant_cubecl::{
-        LinearLogpInputs, linear_logp_forward, linear_logp_forward_workspace_len, matmul,
+        LogpInputRefs, linear_logp_forward, linear_logp_forward_workspace_len, matmul,
     };
     use common::*;
     use std::time::Instant;
 
     with_cuda(|client| {
         let sync = || cubecl::future::block_on(client.sync()).unwrap();
-        // The five projection shapes of SPEC §8 (M = 4096) plus a decode row block; the rhs both
+        // The five projection shapes of the GPU report (M = 4096) plus a decode row block; the rhs both
         // row-major `[K, N]` and as the transposed view of a `[N, K]` weight (what `linear` sees).
         let shapes = [
             (4096usize, 4096usize, 4096usize),
@@ -159,7 +159,7 @@ fn perf_cuda() {
             let tb = upload_i32(client, &t);
             let stats = alloc_dense(client, &[nn, 2], Dt::F32);
             let ws = alloc_dense(client, &[linear_logp_forward_workspace_len(nn, v)], Dt::F32);
-            let inp = LinearLogpInputs {
+            let inp = LogpInputRefs {
                 hidden: h.b(),
                 weight: w.b(),
                 bias: None,

@@ -299,14 +299,18 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         );
         let n = targets.meta.shape()[0];
         let out = empty(&lse, vec![n, 2], DType::F32);
+        let targets_binding = targets.clone().binding();
+        let global = tp_kernels::GlobalTargets {
+            targets: &targets_binding,
+            dtype: targets.dtype.into(),
+            vocab,
+            ignore_index,
+        };
         launched(tp_kernels::finish(
             &lse.client,
             &picks.binding(),
             &lse.clone().binding(),
-            &targets.clone().binding(),
-            targets.dtype.into(),
-            vocab,
-            ignore_index,
+            &global,
             &out.clone().binding(),
         ));
         out
@@ -350,7 +354,7 @@ where
             &bindings.refs(&inputs),
             &stats.binding(),
             &grad.binding(),
-            &logp::LinearLogpGrads {
+            &logp::LogpGradRefs {
                 d_hidden: &dh,
                 d_weight: &dw,
                 d_bias: db.as_ref(),
@@ -399,8 +403,8 @@ impl<R: CubeRuntime> LogpBindings<R> {
     >(
         &'a self,
         inputs: &LinearLogpInputs<B>,
-    ) -> logp::LinearLogpInputs<'a, R> {
-        logp::LinearLogpInputs {
+    ) -> logp::LogpInputRefs<'a, R> {
+        logp::LogpInputRefs {
             hidden: &self.hidden,
             weight: &self.weight,
             bias: self.bias.as_ref(),

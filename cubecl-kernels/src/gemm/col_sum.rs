@@ -1,16 +1,19 @@
-//! Column sums and dtype casts.
+//! Column sums (`dBias`): ascending rows, f32 accumulator, one rounding.
 
 use crate::consts::COL_SUM_BLOCK;
-use crate::gemm::fma::Operand;
+use crate::error::KernelError;
+use crate::gemm::args::{Mat, Vec1};
+use crate::gemm::view::StridedView;
+use crate::util::{check_grid, raw_arg, to_u32};
 use cubecl::prelude::*;
 
 /// `out[j] (+)= Σ_{i ascending} f32(x[i,j])`, one unit per column, f32 accumulator, one final
 /// rounding to `O`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn col_sum_kernel<X: Float, O: Float>(
     x: &Tensor<X>,
-    xo: Operand,
+    xo: StridedView,
     out: &mut Tensor<O>,
     out_off: u32,
     out_stride: u32,
@@ -37,27 +40,35 @@ pub(crate) fn col_sum_kernel<X: Float, O: Float>(
     }
 }
 
-/// `out[i,j] = O(x[i,j])` for a 2-D view; grid x covers column blocks, grid y strides over rows.
-#[cube(launch_unchecked)]
-pub(crate) fn cast_2d_kernel<X: Float, O: Float>(
-    x: &Tensor<X>,
-    xo: Operand,
-    out: &mut Tensor<O>,
-    oo: Operand,
-    m: u32,
-    n: u32,
-    #[define(X, O)] _dtypes: [StorageType; 2],
-) {
-    let col = CUBE_POS_X as usize * COL_SUM_BLOCK + UNIT_POS_X as usize;
-    let n = n as usize;
-    let m = m as usize;
-    if col < n {
-        let mut row = CUBE_POS_Y as usize;
-        let step = CUBE_COUNT_Y as usize;
-        while row < m {
-            out[oo.offset as usize + row * oo.s0 as usize + col * oo.s1 as usize] =
-                O::cast_from(x[xo.offset as usize + row * xo.s0 as usize + col * xo.s1 as usize]);
-            row += step;
-        }
+/// Launch the column-sum kernel on explicit layouts.
+pub(crate) fn launch_col_sum<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Mat<'_, R>,
+    out: &Vec1<'_, R>,
+    out_dtype: StorageType,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) -> Result<(), KernelError> {
+    if n == 0 {
+        return Ok(());
     }
+    let (gx, _) = check_grid(client, "out", n.div_ceil(COL_SUM_BLOCK), 1)?;
+    unsafe {
+        col_sum_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, 1, 1),
+            CubeDim::new_1d(COL_SUM_BLOCK as u32),
+            raw_arg(x.buf),
+            x.launch(),
+            raw_arg(out.buf),
+            out.offset,
+            out.stride,
+            to_u32("x", "M", m)?,
+            to_u32("x", "N", n)?,
+            accumulate,
+            [x.dtype, out_dtype],
+        );
+    }
+    Ok(())
 }

@@ -6,6 +6,10 @@
 //! padded terms are ever added).
 
 use crate::consts::{FMA_BK, FMA_BM, FMA_BN, FMA_MICRO, FMA_THREADS};
+use crate::error::KernelError;
+use crate::gemm::args::{GemmOperands, gemm_scalars};
+use crate::gemm::view::StridedView;
+use crate::util::{check_grid, raw_arg};
 use cubecl::prelude::*;
 
 /// No terms skipped.
@@ -14,16 +18,6 @@ pub(crate) const SKIP_NONE: u32 = 0;
 pub(crate) const SKIP_ZERO_LHS: u32 = 1;
 /// Terms whose rhs element is exactly zero are skipped.
 pub(crate) const SKIP_ZERO_RHS: u32 = 2;
-
-/// Layout of one GEMM operand inside its buffer, in elements.
-#[derive(CubeType, CubeLaunch, Clone, Copy)]
-pub(crate) struct Operand {
-    pub offset: u32,
-    /// Stride between consecutive rows of the logical matrix.
-    pub s0: u32,
-    /// Stride between consecutive columns of the logical matrix.
-    pub s1: u32,
-}
 
 /// `x`, hidden from the optimizer: or-ed bitwise with a runtime zero, so a shader compiler that
 /// treats float arithmetic as reassociable (Mesa's NIR does, for SPIR-V without `NoContraction`)
@@ -145,12 +139,12 @@ fn fma_micro_step(
 /// (the caller's unit owns rows `row0 + ty + 16 r` and columns `col0 + tx + 16 c`).
 /// Must be called by all 256 units of the cube (it synchronizes).
 #[cube]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // #[cube] helpers take each tensor and index separately
 pub(crate) fn fma_block<A: Float, B: Float>(
     lhs: &Tensor<A>,
-    lo: &Operand,
+    lo: &StridedView,
     rhs: &Tensor<B>,
-    ro: &Operand,
+    ro: &StridedView,
     m: usize,
     k: usize,
     n: usize,
@@ -230,17 +224,17 @@ pub(crate) fn fma_block<A: Float, B: Float>(
 
 /// `out[i,j] (+)= Σ_k lhs[i,k]·rhs[k,j] (+ bias[j])`, all layouts explicit.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
     lhs: &Tensor<A>,
-    lo: Operand,
+    lo: StridedView,
     rhs: &Tensor<B>,
-    ro: Operand,
+    ro: StridedView,
     bias: &Tensor<B>,
     bias_off: u32,
     bias_stride: u32,
     out: &mut Tensor<O>,
-    oo: Operand,
+    oo: StridedView,
     m: u32,
     k: u32,
     n: u32,
@@ -330,4 +324,149 @@ pub(crate) fn fma_emulated_kernel(
     if i < out.len() {
         out[i] = fma_emulated(a[i], b[i], c[i]);
     }
+}
+
+/// How the f32 FMA path performs `fma(a, b, c)` on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FmaMode {
+    /// The device's `fma` instruction rounds once (CUDA, HIP, GPUs behind Vulkan/Metal).
+    Fused,
+    /// The device's `fma` rounds twice (lavapipe: WGSL `fma` becomes a multiply and an add), so
+    /// the kernels build a once-rounded `fma` from error-free transformations (about 25 flops).
+    Emulated,
+}
+
+/// The [`FmaMode`] of this client's device, probed once per device kind by one tiny kernel: with
+/// `x = 1 + 2^-12`, `fma(x, x, -1)` is `2^-11 + 2^-24` rounded once and `2^-11` rounded twice.
+/// The choice depends on the device only, never on shapes.
+pub fn fma_mode<R: Runtime>(client: &ComputeClient<R>) -> FmaMode {
+    use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
+    use std::sync::{Mutex, OnceLock};
+    static MODES: OnceLock<Mutex<HashMap<(std::any::TypeId, u64), FmaMode>>> = OnceLock::new();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    client.properties().hardware.hash(&mut hasher);
+    let key = (std::any::TypeId::of::<R>(), hasher.finish());
+    let modes = MODES.get_or_init(Default::default);
+    if let Some(mode) = modes.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return *mode;
+    }
+    let x = 1.0f32 + 2f32.powi(-12);
+    let exact = 2f32.powi(-11) + 2f32.powi(-24);
+    let input = client.create_from_slice(f32::as_bytes(&[x, x, -1.0]));
+    let output = client.empty(4);
+    unsafe {
+        fma_probe_kernel::launch::<R>(
+            client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(1),
+            ArrayArg::from_raw_parts(input, 3),
+            ArrayArg::from_raw_parts(output.clone(), 1),
+        )
+    };
+    let fused = client
+        .read_one(output)
+        .ok()
+        .map(|bytes| f32::from_bytes(&bytes).first().copied() == Some(exact))
+        .unwrap_or(false);
+    let mode = if fused {
+        FmaMode::Fused
+    } else {
+        FmaMode::Emulated
+    };
+    modes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, mode);
+    mode
+}
+
+/// `fma(a[i], b[i], c[i])` by the emulation that [`FmaMode::Emulated`] devices use, for tests.
+/// The three slices must have equal lengths. Only meaningful on a device whose compiler does not
+/// contract `x·y + z` (CUDA does; there the device `fma` is used instead).
+#[doc(hidden)]
+pub fn fma_emulated_on_device<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+) -> Result<Vec<f32>, KernelError> {
+    let len = a.len();
+    if b.len() != len || c.len() != len {
+        return Err(KernelError::Shape {
+            arg: "b, c",
+            expected: format!("[{len}] (the length of a)"),
+            got: vec![b.len(), c.len()],
+        });
+    }
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let (gx, _) = check_grid(client, "a", len.div_ceil(256), 1)?;
+    let upload = |x: &[f32]| client.create_from_slice(f32::as_bytes(x));
+    let (ha, hb, hc) = (upload(a), upload(b), upload(c));
+    let out = client.empty(len * 4);
+    unsafe {
+        fma_emulated_kernel::launch::<R>(
+            client,
+            CubeCount::Static(gx, 1, 1),
+            CubeDim::new_1d(256),
+            ArrayArg::from_raw_parts(ha, len),
+            ArrayArg::from_raw_parts(hb, len),
+            ArrayArg::from_raw_parts(hc, len),
+            ArrayArg::from_raw_parts(out.clone(), len),
+        )
+    };
+    let bytes = client.read_one(out).map_err(|e| KernelError::Unsupported {
+        what: "fma_emulated_on_device",
+        reason: format!("read back failed: {e:?}"),
+    })?;
+    Ok(f32::from_bytes(&bytes).to_vec())
+}
+
+/// Launch the FMA kernel on explicit layouts (shapes already validated by the caller).
+pub(crate) fn launch_fma<R: Runtime>(
+    client: &ComputeClient<R>,
+    ops: &GemmOperands<'_, R>,
+    [m, k, n]: [usize; 3],
+    accumulate: bool,
+    skip_zero: u32,
+) -> Result<(), KernelError> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let GemmOperands {
+        lhs,
+        rhs,
+        bias,
+        out,
+    } = ops;
+    let (gx, gy) = check_grid(client, "out", m.div_ceil(FMA_BM), n.div_ceil(FMA_BN))?;
+    let ([m32, k32, n32], (bias_buf, bias_off, bias_stride)) =
+        gemm_scalars(m, k, n, rhs, bias.as_ref())?;
+    unsafe {
+        gemm_fma_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_2d(FMA_THREADS as u32, FMA_THREADS as u32),
+            raw_arg(lhs.buf),
+            lhs.launch(),
+            raw_arg(rhs.buf),
+            rhs.launch(),
+            raw_arg(bias_buf),
+            bias_off,
+            bias_stride,
+            raw_arg(out.buf),
+            out.launch(),
+            m32,
+            k32,
+            n32,
+            bias.is_some(),
+            accumulate,
+            skip_zero,
+            fma_mode(client) == FmaMode::Emulated,
+            [lhs.dtype, rhs.dtype, out.dtype],
+        );
+    }
+    Ok(())
 }

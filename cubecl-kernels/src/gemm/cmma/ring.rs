@@ -2,7 +2,7 @@
 //! vectors).
 //!
 //! Same staging layout, fragments (`ldmatrix` + `mma.sync` 16×8×16) and epilogue as the manual
-//! path of [`super::cmma`], so the same MMA steps per output element in the same ascending K
+//! path of the register-pipelined body ([`super::fragment`]), so the same MMA steps per output element in the same ascending K
 //! order, hence the same bits whatever the tiling. Only the way bytes reach shared memory
 //! differs: every unit copies its 16-byte vectors of a stage straight from global to shared
 //! memory with `cp.async` (no register round trip) into a ring of `tile.stages` slots. Slot `s`
@@ -13,9 +13,16 @@
 //! and may drift apart by a stage. Vectors outside [M)×[K) / [K)×[N) are zero-filled by the copy
 //! itself (source size 0).
 
-use super::cmma::{CmmaTile, mma_stage_manual, store_manual, zero_manual_accumulators};
+// #[cube] functions take each tensor, shared memory and index as its own argument (they are
+// expanded inline); the comptime choices travel together in `CmmaConfig`.
+#![allow(clippy::too_many_arguments)]
+
+use super::config::CmmaConfig;
+use super::fragment::{
+    Block, mma_stage_manual, store_manual, this_block, zero_manual_accumulators,
+};
 use crate::consts::CMMA_PAD;
-use crate::gemm::fma::Operand;
+use crate::gemm::view::StridedView;
 use cubecl::prelude::barrier::{Barrier, copy_async_checked};
 use cubecl::prelude::*;
 
@@ -25,7 +32,6 @@ use cubecl::prelude::*;
 /// `inner_ext`, the offset and `so` multiples of the vector width, a vector is wholly inside or
 /// wholly outside.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn copy_tile_async<F: Float, N: Size>(
     src: &Tensor<Vector<F, N>>,
     smem: &mut SharedMemory<Vector<F, N>>,
@@ -65,27 +71,21 @@ fn copy_tile_async<F: Float, N: Size>(
 
 /// Issue the copies of K stage `stage` into ring slot `slot`.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn copy_stage_async<F: Float, VA: Size, VB: Size>(
     lhs: &Tensor<Vector<F, VA>>,
     rhs: &Tensor<Vector<F, VB>>,
     a_s: &mut SharedMemory<Vector<F, VA>>,
     b_s: &mut SharedMemory<Vector<F, VB>>,
-    lo: &Operand,
-    ro: &Operand,
-    row0: usize,
-    col0: usize,
-    m: usize,
-    n: usize,
-    k: usize,
+    lo: &StridedView,
+    ro: &StridedView,
+    block: &Block,
     stage: usize,
     slot: usize,
-    tid: usize,
-    #[comptime] a_kfast: bool,
-    #[comptime] b_nfast: bool,
-    #[comptime] threads: usize,
-    #[comptime] tile: CmmaTile,
+    #[comptime] cfg: CmmaConfig,
 ) {
+    let (a_kfast, b_nfast, threads, tile) =
+        comptime!((cfg.a_kfast, cfg.b_nfast, cfg.threads, cfg.tile));
+    let (row0, col0, m, n, k, tid) = (block.row0, block.col0, block.m, block.n, block.k, block.tid);
     let va = VA::value().comptime();
     let vb = VB::value().comptime();
     let k0 = stage * tile.bk;
@@ -172,70 +172,59 @@ fn arrive_on_copies(full: &Sequence<Shared<Barrier>>, #[comptime] slot: usize) {
     let _ = bar.arrive();
 }
 
-/// The body of [`super::cmma::gemm_cmma_kernel`] when it runs the ring (the launch decides).
+/// `count` cube-wide barriers of the ring.
 #[cube]
-#[allow(clippy::too_many_arguments)]
+fn ring_barriers(#[comptime] count: usize) -> Sequence<Shared<Barrier>> {
+    let mut barriers = Sequence::<Shared<Barrier>>::new();
+    #[unroll]
+    for _ in 0..count {
+        barriers.push(Barrier::shared(CUBE_DIM, UNIT_POS == 0));
+    }
+    barriers
+}
+
+/// The body of `gemm_cmma_kernel` when it runs the ring (the launch decides).
+#[cube]
 pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
     lhs: &Tensor<Vector<F, VA>>,
-    lo: &Operand,
+    lo: &StridedView,
     rhs: &Tensor<Vector<F, VB>>,
-    ro: &Operand,
+    ro: &StridedView,
     bias: &Tensor<F>,
     bias_off: u32,
     bias_stride: u32,
     out: &mut Tensor<F>,
-    oo: &Operand,
+    oo: &StridedView,
     m: u32,
     k: u32,
     n: u32,
-    #[comptime] has_bias: bool,
-    #[comptime] a_kfast: bool,
-    #[comptime] b_nfast: bool,
-    #[comptime] threads: usize,
-    #[comptime] tile: CmmaTile,
+    #[comptime] cfg: CmmaConfig,
 ) {
-    let ring = comptime!(tile.stages);
-    let m = m as usize;
-    let k = k as usize;
-    let n = n as usize;
-    let row0 = CUBE_POS_X as usize * tile.bm;
-    let col0 = CUBE_POS_Y as usize * tile.bn;
+    let tile = comptime!(cfg.tile);
+    let (ring, lag) = comptime!((tile.stages, tile.lag));
+    let block = this_block(m, k, n, cfg);
     let plane = UNIT_POS_Y as usize;
-    let tid = UNIT_POS as usize;
     let prow = (plane / comptime!(tile.pn)) * comptime!(tile.bm / tile.pm);
     let pcol = (plane % comptime!(tile.pn)) * comptime!(tile.bn / tile.pn);
-    let va = VA::value().comptime();
-    let vb = VB::value().comptime();
-    let a_len = comptime!(tile.a_stage_len(a_kfast) / va);
-    let b_len = comptime!(tile.b_stage_len(b_nfast) / vb);
+    let a_len = comptime!(tile.a_stage_len(cfg.a_kfast) / VA::value().comptime());
+    let b_len = comptime!(tile.b_stage_len(cfg.b_nfast) / VB::value().comptime());
 
     let mut a_s = SharedMemory::<Vector<F, VA>>::new_aligned(comptime!(ring * a_len), 16usize);
     let mut b_s = SharedMemory::<Vector<F, VB>>::new_aligned(comptime!(ring * b_len), 16usize);
     // `full[s]`: slot `s` holds its stage (every unit arrived after its copies landed);
     // `free[s]` (lag 2): every unit is done reading slot `s`.
-    let lag = comptime!(tile.lag);
-    let mut full = Sequence::<Shared<Barrier>>::new();
-    let mut free = Sequence::<Shared<Barrier>>::new();
-    #[unroll]
-    for _ in 0..ring {
-        full.push(Barrier::shared(CUBE_DIM, UNIT_POS == 0));
-        if comptime![lag == 2] {
-            free.push(Barrier::shared(CUBE_DIM, UNIT_POS == 0));
-        }
-    }
+    let full = ring_barriers(ring);
+    let free = ring_barriers(comptime!(if lag == 2 { ring } else { 0 }));
     sync_cube();
-    let mut regs_c = zero_manual_accumulators(tile, true);
+    let mut regs_c = zero_manual_accumulators(cfg);
 
-    let num_stages = k.div_ceil(tile.bk);
+    let num_stages = block.k.div_ceil(tile.bk);
     // Prologue: stages 0 .. ring - lag in flight. A slot whose stage does not exist still
     // completes its phase (every unit arrives), so the phases stay in step.
     #[unroll]
     for s in 0..comptime!(ring - lag) {
         if s < num_stages {
-            copy_stage_async::<F, VA, VB>(
-                lhs, rhs, &mut a_s, &mut b_s, lo, ro, row0, col0, m, n, k, s, s, tid, a_kfast,
-                b_nfast, threads, tile,
-            );
+            copy_stage_async::<F, VA, VB>(lhs, rhs, &mut a_s, &mut b_s, lo, ro, &block, s, s, cfg);
         }
         arrive_on_copies(&full, s);
     }
@@ -250,19 +239,10 @@ pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
             if stage < num_stages {
                 let refill = comptime!((s + ring - lag) % ring);
                 let ahead = stage + ring - lag;
-                if comptime![lag == 1] {
-                    full.index(s).wait_parity(parity);
-                    // Every plane is done with the previous stage's slot.
-                    sync_cube();
-                } else if stage >= lag {
-                    // The slot's last user, stage - lag, is its phase (stage - lag) / ring.
-                    free.index(refill)
-                        .wait_parity(((stage - lag) / ring % 2) as u32);
-                }
+                release_slot(&full, &free, s, refill, stage, parity, cfg);
                 if ahead < num_stages {
                     copy_stage_async::<F, VA, VB>(
-                        lhs, rhs, &mut a_s, &mut b_s, lo, ro, row0, col0, m, n, k, ahead, refill,
-                        tid, a_kfast, b_nfast, threads, tile,
+                        lhs, rhs, &mut a_s, &mut b_s, lo, ro, &block, ahead, refill, cfg,
                     );
                 }
                 arrive_on_copies(&full, refill);
@@ -277,9 +257,7 @@ pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
                     &mut regs_c,
                     prow,
                     pcol,
-                    a_kfast,
-                    b_nfast,
-                    tile,
+                    cfg,
                 );
                 if comptime![lag == 2] {
                     let _ = free.index(s).arrive();
@@ -288,6 +266,8 @@ pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
         }
     }
 
+    let (row0, col0) = (block.row0 + prow, block.col0 + pcol);
+    let (m, n) = (block.m, block.n);
     store_manual::<F>(
         &regs_c,
         bias,
@@ -295,11 +275,34 @@ pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
         bias_stride,
         out,
         oo,
-        row0 + prow,
-        col0 + pcol,
+        row0,
+        col0,
         m,
         n,
-        has_bias,
-        tile,
+        cfg,
     );
+}
+
+/// Before stage `stage` (in slot `s`) refills slot `refill`: with lag 1 wait for stage `stage`'s
+/// copies, then for every plane to be done with the previous stage; with lag 2 wait for the
+/// refilled slot's last user, stage `stage - lag` (its phase `(stage - lag) / ring`).
+#[cube]
+fn release_slot(
+    full: &Sequence<Shared<Barrier>>,
+    free: &Sequence<Shared<Barrier>>,
+    #[comptime] s: usize,
+    #[comptime] refill: usize,
+    stage: usize,
+    parity: u32,
+    #[comptime] cfg: CmmaConfig,
+) {
+    let (ring, lag) = comptime!((cfg.tile.stages, cfg.tile.lag));
+    if comptime![lag == 1] {
+        full.index(s).wait_parity(parity);
+        // Every plane is done with the previous stage's slot.
+        sync_cube();
+    } else if stage >= lag {
+        free.index(refill)
+            .wait_parity(((stage - lag) / ring % 2) as u32);
+    }
 }

@@ -1,0 +1,290 @@
+//! The forward: per (row block, vocabulary segment) online-softmax partials, then their merge
+//! in ascending segment order.
+
+use super::inputs::{
+    LogpInputRefs, check_inputs, check_workspace, ignore_scalar, linear_logp_forward_workspace_len,
+    linear_logp_num_segments, view,
+};
+use super::logits::{logits_block, resolve_target, stage_logits};
+use crate::consts::{
+    FMA_MICRO, FMA_THREADS, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, LOGP_ROWS, LOGP_VOCAB_TILE,
+};
+use crate::error::KernelError;
+use crate::gemm::fma::{FmaMode, fma_mode};
+use crate::gemm::view::StridedView;
+use crate::util::{check_grid, check_out_view, expect_shape, raw_arg, to_u32};
+use cubecl::prelude::*;
+
+/// Forward: `stats_out[i] = (logp_i, lse_i)` (f32 `[N, 2]`, any strides).
+///
+/// `z_ij = (Σ_d fma-chain over d ascending of f32(hidden[i,d])·f32(weight[j,d])) + f32(bias[j])`
+/// in f32 — bitwise the FMA GEMM of `hidden · weightᵀ (+ bias)`. `lse_i = logsumexp_j z_ij`,
+/// `logp_i = z[i, t_i] − lse_i`. Ignored rows: `logp = 0`, `lse` normal. A target outside
+/// `[0, V)` that is not the ignore index gives `logp = NaN` (never an out-of-bounds access).
+///
+/// Order: the vocabulary is cut into `ceil(V / LOGP_FWD_SEGMENT)` fixed segments; within a segment a
+/// cube walks 64-wide vocab tiles in ascending order with an online softmax (running max, running
+/// sum of `exp(z − max)`, target logit, all f32; the running sum is rescaled by
+/// `exp(old_max − new_max)` only when the max grows); the segment partials (workspace of
+/// [`linear_logp_forward_workspace_len`] f32) are merged in ascending segment order by a second
+/// kernel: `m' = max(m, m_s)`, `s' = s·exp(m − m') + s_s·exp(m_s − m')`, `lse = m + ln(s)`.
+/// Nothing depends on N or on the device's core count.
+pub fn linear_logp_forward<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    stats_out: &TensorBinding<R>,
+    workspace: &TensorBinding<R>,
+) -> Result<(), KernelError> {
+    let c = check_inputs(client, inputs)?;
+    let sv = check_out_view("stats_out", stats_out, 2, 4)?;
+    expect_shape("stats_out", &sv, &[c.n, 2])?;
+    let ws_len = linear_logp_forward_workspace_len(c.n, c.v);
+    check_workspace(workspace, ws_len)?;
+    to_u32("workspace", "length", ws_len)?;
+    if c.n == 0 {
+        return Ok(());
+    }
+    let num_seg = linear_logp_num_segments(c.v);
+    let f = c.dt.storage();
+    let i = c.it.storage();
+    let (bias_buf, bias_stride) = match (inputs.bias, &c.bv) {
+        (Some(b), Some(bv)) => (b, bv.stride(0)),
+        _ => (inputs.weight, 0),
+    };
+    if num_seg > 0 {
+        let (gx, gy) = check_grid(client, "hidden", c.n.div_ceil(LOGP_ROWS), num_seg)?;
+        unsafe {
+            logp_partial_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(gx, gy, 1),
+                CubeDim::new_2d(FMA_THREADS as u32, FMA_THREADS as u32),
+                raw_arg(inputs.hidden),
+                view(c.hv.stride(0), c.hv.stride(1), 0),
+                raw_arg(inputs.weight),
+                // weight viewed as the rhs [D, V]: row stride = along d, column stride = along v
+                view(c.wv.stride(1), c.wv.stride(0), 0),
+                raw_arg(bias_buf),
+                0,
+                bias_stride as u32,
+                raw_arg(inputs.targets),
+                0,
+                c.tv.stride(0) as u32,
+                raw_arg(workspace),
+                c.n as u32,
+                c.d as u32,
+                c.v as u32,
+                ignore_scalar(&c),
+                f32::NEG_INFINITY,
+                inputs.bias.is_some(),
+                c.ignore.is_some(),
+                fma_mode(client) == FmaMode::Emulated,
+                [f, i],
+            );
+        }
+    }
+    let block = 256usize;
+    let (gx, _) = check_grid(client, "hidden", c.n.div_ceil(block), 1)?;
+    unsafe {
+        logp_merge_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, 1, 1),
+            CubeDim::new_1d(block as u32),
+            raw_arg(workspace),
+            raw_arg(inputs.targets),
+            0,
+            c.tv.stride(0) as u32,
+            raw_arg(stats_out),
+            view(sv.stride(0), sv.stride(1), 0),
+            c.n as u32,
+            c.v as u32,
+            num_seg as u32,
+            ignore_scalar(&c),
+            f32::NEG_INFINITY,
+            f32::NAN,
+            c.ignore.is_some(),
+            i,
+        );
+    }
+    Ok(())
+}
+
+/// Forward pass 1: cube (row block, vocab segment) walks the segment's vocab tiles in ascending
+/// order with an online softmax per row and writes `(max, sum-exp, target logit)` partials.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
+pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
+    hidden: &Tensor<F>,
+    ho: StridedView,
+    weight: &Tensor<F>,
+    wo: StridedView,
+    bias: &Tensor<F>,
+    bias_off: u32,
+    bias_stride: u32,
+    targets: &Tensor<I>,
+    t_off: u32,
+    t_stride: u32,
+    partial: &mut Tensor<f32>,
+    n_rows: u32,
+    d: u32,
+    v: u32,
+    ignore: InputScalar,
+    neg_inf: f32,
+    #[comptime] has_bias: bool,
+    #[comptime] has_ignore: bool,
+    #[comptime] emulate_fma: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let n = n_rows as usize;
+    let dd = d as usize;
+    let vv = v as usize;
+    let tx = UNIT_POS_X as usize;
+    let ty = UNIT_POS_Y as usize;
+    let tid = ty * FMA_THREADS + tx;
+    let row0 = CUBE_POS_X as usize * LOGP_ROWS;
+    let seg = CUBE_POS_Y as usize;
+    let seg_start = seg * LOGP_FWD_SEGMENT;
+    let seg_end = min(vv, seg_start + LOGP_FWD_SEGMENT);
+
+    let mut z_s = SharedMemory::<f32>::new(LOGP_ROWS * LOGP_VOCAB_TILE);
+
+    let my_row = row0 + tid;
+    let row_ok = tid < LOGP_ROWS && my_row < n;
+    let mut tgt = i32::from_int(-2);
+    if row_ok {
+        tgt = resolve_target::<I>(
+            targets[t_off as usize + my_row * t_stride as usize],
+            v,
+            ignore.get::<I>(),
+            has_ignore,
+        );
+    }
+    let has_tgt = tgt >= 0;
+    let tgt_u = usize::cast_from(select(has_tgt, tgt, 0i32));
+
+    let mut run_m = neg_inf;
+    let mut run_s = 0.0f32;
+    let mut t_logit = 0.0f32;
+
+    let mut acc = Array::<f32>::new(FMA_MICRO * FMA_MICRO);
+    let num_tiles = (seg_end - seg_start).div_ceil(LOGP_VOCAB_TILE);
+    for t in 0..num_tiles {
+        let j0 = seg_start + t * LOGP_VOCAB_TILE;
+        logits_block::<F>(
+            hidden,
+            &ho,
+            weight,
+            &wo,
+            bias,
+            bias_off,
+            bias_stride,
+            n,
+            dd,
+            seg_end,
+            row0,
+            j0,
+            &mut acc,
+            has_bias,
+            emulate_fma,
+        );
+        stage_logits(&acc, &mut z_s);
+        sync_cube();
+        if row_ok {
+            let ncols = min(LOGP_VOCAB_TILE, seg_end - j0);
+            let base = tid * LOGP_VOCAB_TILE;
+            online_softmax(&z_s, base, ncols, neg_inf, &mut run_m, &mut run_s);
+            if has_tgt && tgt_u >= j0 && tgt_u < j0 + ncols {
+                t_logit = z_s[base + tgt_u - j0];
+            }
+        }
+        sync_cube();
+    }
+    if row_ok {
+        let o = (seg * n + my_row) * LOGP_PARTIAL_STRIDE;
+        partial[o] = run_m;
+        partial[o + 1] = run_s;
+        partial[o + 2] = t_logit;
+    }
+}
+
+/// One tile of a row's online softmax (the row's `ncols` logits at `base` in `z_s`): raise the
+/// running max to the tile's, rescaling the running sum only when it grows, then add
+/// `exp(z − max)` of the tile's logits in ascending order (`−∞` logits add exactly nothing).
+#[cube]
+fn online_softmax(
+    z_s: &SharedMemory<f32>,
+    base: usize,
+    ncols: usize,
+    neg_inf: f32,
+    run_m: &mut f32,
+    run_s: &mut f32,
+) {
+    let mut tmax = neg_inf;
+    for c in 0..ncols {
+        let z = z_s[base + c];
+        tmax = select(z > tmax, z, tmax);
+    }
+    if tmax > *run_m {
+        *run_s *= f32::exp(*run_m - tmax);
+        *run_m = tmax;
+    }
+    for c in 0..ncols {
+        let z = z_s[base + c];
+        *run_s += select(z == neg_inf, 0.0f32, f32::exp(z - *run_m));
+    }
+}
+
+/// Forward pass 2: one unit per row merges the segment partials in ascending segment order and
+/// writes `stats[row] = (logp, lse)`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
+pub(crate) fn logp_merge_kernel<I: Int>(
+    partial: &Tensor<f32>,
+    targets: &Tensor<I>,
+    t_off: u32,
+    t_stride: u32,
+    stats: &mut Tensor<f32>,
+    so: StridedView,
+    n_rows: u32,
+    v: u32,
+    num_seg: u32,
+    ignore: InputScalar,
+    neg_inf: f32,
+    nan: f32,
+    #[comptime] has_ignore: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let n = n_rows as usize;
+    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    if row < n {
+        let mut m = neg_inf;
+        let mut s = 0.0f32;
+        for seg in 0..num_seg as usize {
+            let o = (seg * n + row) * LOGP_PARTIAL_STRIDE;
+            let mi = partial[o];
+            let si = partial[o + 1];
+            let m_new = select(mi > m, mi, m);
+            let sa = select(s == 0.0f32, 0.0f32, s * f32::exp(m - m_new));
+            let sb = select(si == 0.0f32, 0.0f32, si * f32::exp(mi - m_new));
+            s = sa + sb;
+            m = m_new;
+        }
+        let lse = m + f32::ln(s);
+        let tgt = resolve_target::<I>(
+            targets[t_off as usize + row * t_stride as usize],
+            v,
+            ignore.get::<I>(),
+            has_ignore,
+        );
+        let mut logp = nan;
+        if tgt == -1i32 {
+            logp = 0.0f32;
+        } else if tgt >= 0i32 {
+            let seg_t = usize::cast_from(tgt) / LOGP_FWD_SEGMENT;
+            let tl = partial[(seg_t * n + row) * LOGP_PARTIAL_STRIDE + 2];
+            logp = tl - lse;
+        }
+        let base = so.offset as usize + row * so.s0 as usize;
+        stats[base] = logp;
+        stats[base + so.s1 as usize] = lse;
+    }
+}

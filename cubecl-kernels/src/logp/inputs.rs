@@ -1,0 +1,164 @@
+//! What both directions take: the input bindings, their checks, and the workspace sizes.
+
+use crate::consts::{BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE};
+use crate::error::KernelError;
+use crate::gemm::view::StridedViewLaunch;
+use crate::util::{
+    FloatDType, IndexDType, View, check_out_view, check_runtime_dtype, check_view, expect_shape,
+    to_u32,
+};
+use cubecl::prelude::*;
+
+/// The inputs shared by the forward and the backward.
+pub struct LogpInputRefs<'a, R: Runtime> {
+    /// `[N, D]`, dtype `dtype`, any strides.
+    pub hidden: &'a TensorBinding<R>,
+    /// `[V, D]` (LM-head layout), dtype `dtype`, any strides.
+    pub weight: &'a TensorBinding<R>,
+    /// `[V]`, dtype `dtype`.
+    pub bias: Option<&'a TensorBinding<R>>,
+    /// `[N]` integer targets (dtype `targets_dtype`: i32, or i64 where the runtime has it).
+    pub targets: &'a TensorBinding<R>,
+    /// Storage type of `targets`.
+    pub targets_dtype: StorageType,
+    /// Rows whose target equals this value are ignored (`logp = 0`, zero `g_logp` gradient).
+    pub ignore_index: Option<i64>,
+    /// Float dtype of `hidden`, `weight`, `bias` (f32 / f16 / bf16).
+    pub dtype: StorageType,
+}
+
+/// The gradient outputs of [`linear_logp_backward`].
+pub struct LogpGradRefs<'a, R: Runtime> {
+    /// `[N, D]`, dtype of `hidden`.
+    pub d_hidden: &'a TensorBinding<R>,
+    /// `[V, D]`, dtype of `weight`.
+    pub d_weight: &'a TensorBinding<R>,
+    /// `[V]`, dtype of `bias`; required iff the inputs have a bias.
+    pub d_bias: Option<&'a TensorBinding<R>>,
+}
+
+/// Number of vocabulary segments the forward uses: `ceil(V / LOGP_FWD_SEGMENT)`.
+pub fn linear_logp_num_segments(v: usize) -> usize {
+    v.div_ceil(LOGP_FWD_SEGMENT)
+}
+
+/// f32 elements of workspace [`linear_logp_forward`] needs: `num_segments(V) · N · 3`.
+pub fn linear_logp_forward_workspace_len(n: usize, v: usize) -> usize {
+    linear_logp_num_segments(v) * n * LOGP_PARTIAL_STRIDE
+}
+
+/// f32 elements of workspace [`linear_logp_backward`] needs:
+/// `min(N, BWD_ROW_CHUNK) · min(V, BWD_VOCAB_CHUNK)` for the `dz` scratch (≤ 1 Mi floats = 4 MiB
+/// whatever N and V are), plus, when `dtype` is not f32, f32 accumulators of gradient size:
+/// `N·D + V·D (+ V with a bias)`.
+pub fn linear_logp_backward_workspace_len(
+    n: usize,
+    d: usize,
+    v: usize,
+    dtype: StorageType,
+    has_bias: bool,
+) -> Result<usize, KernelError> {
+    let dt = FloatDType::from_storage("dtype", dtype)?;
+    let scratch = n.min(BWD_ROW_CHUNK) * v.min(BWD_VOCAB_CHUNK);
+    let acc = if dt == FloatDType::F32 {
+        0
+    } else {
+        n * d + v * d + if has_bias { v } else { 0 }
+    };
+    Ok(scratch + acc)
+}
+
+pub(crate) struct Checked {
+    pub dt: FloatDType,
+    pub it: IndexDType,
+    pub n: usize,
+    pub d: usize,
+    pub v: usize,
+    pub hv: View,
+    pub wv: View,
+    pub bv: Option<View>,
+    pub tv: View,
+    /// `Some(value)` when an ignore index is set and representable in the target dtype.
+    pub ignore: Option<i64>,
+}
+
+pub(crate) fn check_inputs<R: Runtime>(
+    client: &ComputeClient<R>,
+    inp: &LogpInputRefs<'_, R>,
+) -> Result<Checked, KernelError> {
+    let dt = FloatDType::from_storage("dtype", inp.dtype)?;
+    check_runtime_dtype(client, "dtype", dt.storage())?;
+    let it = IndexDType::from_storage("targets", inp.targets_dtype)?;
+    check_runtime_dtype(client, "targets", it.storage())?;
+    let es = dt.size();
+    let hv = check_view("hidden", inp.hidden, 2, es)?;
+    let wv = check_view("weight", inp.weight, 2, es)?;
+    let (n, d) = (hv.dim(0), hv.dim(1));
+    let v = wv.dim(0);
+    if wv.dim(1) != d {
+        return Err(KernelError::Shape {
+            arg: "weight",
+            expected: format!("[V, {d}] (columns = hidden columns)"),
+            got: wv.shape.clone(),
+        });
+    }
+    let bv = match inp.bias {
+        Some(b) => {
+            let bv = check_view("bias", b, 1, es)?;
+            expect_shape("bias", &bv, &[v])?;
+            Some(bv)
+        }
+        None => None,
+    };
+    let tv = check_view("targets", inp.targets, 1, it.size())?;
+    expect_shape("targets", &tv, &[n])?;
+    to_u32("weight", "V", v)?;
+    to_u32("hidden", "N", n)?;
+    let ignore = match (inp.ignore_index, it) {
+        (Some(x), IndexDType::I32) => i32::try_from(x).ok().map(i64::from),
+        (Some(x), IndexDType::I64) => Some(x),
+        (None, _) => None,
+    };
+    Ok(Checked {
+        dt,
+        it,
+        n,
+        d,
+        v,
+        hv,
+        wv,
+        bv,
+        tv,
+        ignore,
+    })
+}
+
+pub(crate) fn check_workspace<R: Runtime>(
+    ws: &TensorBinding<R>,
+    needed: usize,
+) -> Result<(), KernelError> {
+    let wv = check_out_view("workspace", ws, 1, 4)?;
+    if wv.dim(0) < needed {
+        return Err(KernelError::BufferTooSmall {
+            arg: "workspace",
+            needed,
+            got: wv.dim(0),
+        });
+    }
+    if needed > 0 && wv.stride(0) != 1 {
+        return Err(KernelError::Layout {
+            arg: "workspace",
+            reason: format!("must be contiguous (stride 1), got stride {}", wv.stride(0)),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn ignore_scalar(c: &Checked) -> InputScalar {
+    InputScalar::new(c.ignore.unwrap_or(0), c.it.storage())
+}
+
+/// A strided view for a kernel argument.
+pub(crate) fn view<R: Runtime>(s0: usize, s1: usize, offset: usize) -> StridedViewLaunch<R> {
+    StridedViewLaunch::new(offset as u32, s0 as u32, s1 as u32)
+}
