@@ -27,7 +27,7 @@ pub struct LogpInputRefs<'a, R: Runtime> {
     pub dtype: StorageType,
 }
 
-/// The gradient outputs of [`linear_logp_backward`].
+/// The gradient outputs of [`crate::linear_logp_backward`].
 pub struct LogpGradRefs<'a, R: Runtime> {
     /// `[N, D]`, dtype of `hidden`.
     pub d_hidden: &'a TensorBinding<R>,
@@ -42,12 +42,12 @@ pub fn linear_logp_num_segments(v: usize) -> usize {
     v.div_ceil(LOGP_FWD_SEGMENT)
 }
 
-/// f32 elements of workspace [`linear_logp_forward`] needs: `num_segments(V) · N · 3`.
+/// f32 elements of workspace [`crate::linear_logp_forward`] needs: `num_segments(V) · N · 3`.
 pub fn linear_logp_forward_workspace_len(n: usize, v: usize) -> usize {
     linear_logp_num_segments(v) * n * LOGP_PARTIAL_STRIDE
 }
 
-/// f32 elements of workspace [`linear_logp_backward`] needs:
+/// f32 elements of workspace [`crate::linear_logp_backward`] needs:
 /// `min(N, BWD_ROW_CHUNK) · min(V, BWD_VOCAB_CHUNK)` for the `dz` scratch (≤ 1 Mi floats = 4 MiB
 /// whatever N and V are), plus, when `dtype` is not f32, f32 accumulators of gradient size:
 /// `N·D + V·D (+ V with a bias)`.

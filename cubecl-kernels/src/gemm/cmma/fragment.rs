@@ -452,8 +452,10 @@ pub(crate) fn stash_stage<F: Float, VA: Size, VB: Size>(
     #[comptime] cfg: CmmaConfig,
 ) {
     let (a_outer, a_inner, b_outer, b_inner) = comptime!(operand_tiles(cfg));
-    let a_stage = comptime!(crate::consts::stage_len(a_outer, a_inner) / VA::value().comptime());
-    let b_stage = comptime!(crate::consts::stage_len(b_outer, b_inner) / VB::value().comptime());
+    let va = VA::value().comptime();
+    let vb = VB::value().comptime();
+    let a_stage = comptime!(crate::consts::stage_len(a_outer, a_inner) / va);
+    let b_stage = comptime!(crate::consts::stage_len(b_outer, b_inner) / vb);
     let threads = comptime!(cfg.threads);
     stash_tile::<F, VA>(
         a_regs,

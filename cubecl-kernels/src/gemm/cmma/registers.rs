@@ -37,10 +37,12 @@ pub(crate) fn gemm_registers<F: Float, VA: Size, VB: Size>(
     let prow = (plane / comptime!(tile.pn)) * comptime!(tile.bm / tile.pm);
     let pcol = (plane % comptime!(tile.pn)) * comptime!(tile.bn / tile.pn);
     let (a_outer, a_inner, b_outer, b_inner) = comptime!(operand_tiles(cfg));
-    let a_stage = comptime!(stage_len(a_outer, a_inner) / VA::value().comptime());
-    let b_stage = comptime!(stage_len(b_outer, b_inner) / VB::value().comptime());
-    let a_regs_len = comptime!(a_outer * a_inner / VA::value().comptime() / cfg.threads);
-    let b_regs_len = comptime!(b_outer * b_inner / VB::value().comptime() / cfg.threads);
+    let va = VA::value().comptime();
+    let vb = VB::value().comptime();
+    let a_stage = comptime!(stage_len(a_outer, a_inner) / va);
+    let b_stage = comptime!(stage_len(b_outer, b_inner) / vb);
+    let a_regs_len = comptime!(a_outer * a_inner / va / cfg.threads);
+    let b_regs_len = comptime!(b_outer * b_inner / vb / cfg.threads);
 
     let mut a_s = SharedMemory::<Vector<F, VA>>::new_aligned(comptime!(2 * a_stage), 16usize);
     let mut b_s = SharedMemory::<Vector<F, VB>>::new_aligned(comptime!(2 * b_stage), 16usize);
@@ -134,8 +136,10 @@ fn stage_loop<F: Float, VA: Size, VB: Size>(
     #[comptime] cfg: CmmaConfig,
 ) {
     let (a_outer, a_inner, b_outer, b_inner) = comptime!(operand_tiles(cfg));
-    let a_stage = comptime!(stage_len(a_outer, a_inner) / VA::value().comptime());
-    let b_stage = comptime!(stage_len(b_outer, b_inner) / VB::value().comptime());
+    let va = VA::value().comptime();
+    let vb = VB::value().comptime();
+    let a_stage = comptime!(stage_len(a_outer, a_inner) / va);
+    let b_stage = comptime!(stage_len(b_outer, b_inner) / vb);
     let bk = comptime!(cfg.tile.bk);
     let num_stages = block.k.div_ceil(bk);
     // Prologue: stage 0 into buffer 0.

@@ -206,8 +206,10 @@ pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
     let plane = UNIT_POS_Y as usize;
     let prow = (plane / comptime!(tile.pn)) * comptime!(tile.bm / tile.pm);
     let pcol = (plane % comptime!(tile.pn)) * comptime!(tile.bn / tile.pn);
-    let a_len = comptime!(tile.a_stage_len(cfg.a_kfast) / VA::value().comptime());
-    let b_len = comptime!(tile.b_stage_len(cfg.b_nfast) / VB::value().comptime());
+    let va = VA::value().comptime();
+    let vb = VB::value().comptime();
+    let a_len = comptime!(tile.a_stage_len(cfg.a_kfast) / va);
+    let b_len = comptime!(tile.b_stage_len(cfg.b_nfast) / vb);
 
     let mut a_s = SharedMemory::<Vector<F, VA>>::new_aligned(comptime!(ring * a_len), 16usize);
     let mut b_s = SharedMemory::<Vector<F, VB>>::new_aligned(comptime!(ring * b_len), 16usize);
