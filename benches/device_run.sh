@@ -4,7 +4,7 @@
 # Expects the stripped binaries (xz) in .gpu/ (see README "GPU runs"); writes logs to $OUT.
 # `overhead`: the public-call overhead bench (`benches/call_overhead.rs`) and cuBLAS at the same shapes.
 set -uo pipefail
-(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; chmod +x ./*)
+(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead; do [[ -e $b ]] && chmod +x "$b"; done)
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
