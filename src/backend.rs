@@ -151,7 +151,8 @@ pub trait InvariantBackend: Backend {
 
     /// Tensor-parallel leaf targets (`crate::tp`): `t − start` where `start ≤ t < end` and `t`
     /// is not `ignore_index`, −1 (the leaves' ignore index) where ignored, −2 (matches no column
-    /// of the leaf) elsewhere. `[N]`, targets' dtype.
+    /// of the leaf) elsewhere. `[N]`, an integer dtype (the targets', or one the backend's
+    /// kernels take).
     fn invariant_tp_leaf_targets(
         targets: IntTensor<Self>,
         start: usize,

@@ -43,6 +43,17 @@ pub(crate) fn cubecl_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType)
     }
 }
 
+/// Targets as the kernels take them: i32 or i64. Other integer dtypes are widened to i64 once,
+/// so every value keeps its meaning (an unsigned value past `i64::MAX` becomes negative: out of
+/// range, never another class).
+fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R> {
+    use burn::tensor::{IntDType, ops::IntTensorOps};
+    match targets.dtype {
+        DType::I32 | DType::I64 => targets,
+        _ => CubeBackend::<R, f32, i32, u8>::int_cast(targets, IntDType::I64),
+    }
+}
+
 /// Kernel launches only fail on inputs the public API has already rejected.
 fn launched<T>(result: Result<T, KernelError>) -> T {
     result.unwrap_or_else(|err| panic!("burn-invariant: a validated launch was refused: {err}"))
@@ -197,6 +208,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             return sm90::linear_logp(inputs);
         }
         let _ = implementation;
+        let inputs = LinearLogpInputs {
+            targets: index_targets(inputs.targets),
+            ..inputs
+        };
         let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
         let stats = empty(&inputs.hidden, vec![n, 2], DType::F32);
         if n == 0 {
@@ -238,7 +253,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         end: usize,
         ignore_index: Option<i64>,
     ) -> IntTensor<Self> {
-        let targets = into_contiguous(targets);
+        let targets = into_contiguous(index_targets(targets));
         let out = empty(&targets, targets.meta.shape().to_vec(), targets.dtype);
         launched(tp_kernels::leaf_targets(
             &targets.client,
@@ -269,7 +284,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         stats: FloatTensor<Self>,
         leaf_targets: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        let (stats, leaf_targets) = (into_contiguous(stats), into_contiguous(leaf_targets));
+        let (stats, leaf_targets) = (
+            into_contiguous(stats),
+            into_contiguous(index_targets(leaf_targets)),
+        );
         let acc = acc.map(into_contiguous);
         let n = leaf_targets.meta.shape()[0];
         let out = empty(&stats, vec![2, n], DType::F32);
@@ -295,7 +313,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         let (picks, lse, targets) = (
             into_contiguous(picks),
             into_contiguous(lse),
-            into_contiguous(targets),
+            into_contiguous(index_targets(targets)),
         );
         let n = targets.meta.shape()[0];
         let out = empty(&lse, vec![n, 2], DType::F32);
@@ -331,6 +349,10 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    let inputs = LinearLogpInputs {
+        targets: index_targets(inputs.targets),
+        ..inputs
+    };
     let hidden_shape = inputs.hidden.meta.shape().to_vec();
     let weight_shape = inputs.weight.meta.shape().to_vec();
     let (n, d, v) = (hidden_shape[0], hidden_shape[1], weight_shape[0]);
