@@ -1,7 +1,8 @@
 #![allow(unused_macros)] // the shared test module's suite macro is not used here
-//! Valid inputs that used to fail past validation: targets of every integer dtype, and a hidden
-//! size D = 0. On the NdArray reference and, with the `wgpu` feature, on wgpu raw and under
-//! Fusion (lavapipe in CI).
+//! Inputs that used to fail or mislead past validation: targets of every integer dtype, a hidden
+//! size D = 0, and unchecked targets beyond the i32 range. On the NdArray reference, on wgpu raw
+//! and under Fusion (lavapipe in CI; its backends hold i32 targets, so no wide ones), and on
+//! CUDA with i64 targets (Sm90 and CubeCl; the GPU run).
 mod common;
 
 use burn::tensor::{DType, IntDType, Tensor, backend::AutodiffBackend};
@@ -110,6 +111,41 @@ fn zero_hidden_size<B: AutodiffBackend + InvariantBackend>(device: &B::Device) {
     }
 }
 
+/// With the target check skipped, a target outside `[0, V)` gives NaN, also when it lies beyond
+/// the i32 range (`2^32 + 5` must not be scored as class 5).
+fn unchecked_wide_targets_give_nan<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    let (n, d, v) = (6, 8, 11);
+    let values = |count: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| ((i * 5 + 1) % 9) as f32 / 9.0 - 0.5)
+            .collect()
+    };
+    let hidden = float::<B, 2>(values(n * d), [n, d], device, dtype);
+    let weight = float::<B, 2>(values(v * d), [v, d], device, dtype);
+    let targets = [5, (1i64 << 32) + 5, -5, (1i64 << 40) + 1, -100, 7];
+    let options = LinearLogpOptions::default()
+        .with_ignore_index(-100)
+        .with_skip_target_check(true);
+    let logp = burn_invariant::linear_logp(
+        hidden,
+        weight,
+        ints::<B>(targets.to_vec(), device),
+        None,
+        &options,
+    )
+    .expect("linear_logp");
+    let logp = common::values(logp);
+    for (row, want_nan) in [(0, false), (1, true), (2, true), (3, true), (5, false)] {
+        assert_eq!(
+            logp[row].is_nan(),
+            want_nan,
+            "row {row}: logp {}",
+            logp[row]
+        );
+    }
+    assert_eq!(logp[4], 0.0, "ignored row");
+}
+
 mod ndarray {
     type B = burn::backend::Autodiff<burn_ndarray::NdArray<f32>>;
 
@@ -121,6 +157,12 @@ mod ndarray {
     #[test]
     fn zero_hidden_size() {
         super::zero_hidden_size::<B>(&Default::default());
+    }
+
+    #[test]
+    fn unchecked_wide_targets_give_nan() {
+        let device = Default::default();
+        super::unchecked_wide_targets_give_nan::<B>(&device, burn::tensor::DType::F32);
     }
 }
 
@@ -160,6 +202,36 @@ mod wgpu {
         if let Some(device) = device() {
             super::zero_hidden_size::<Raw>(&device);
             super::zero_hidden_size::<Fused>(&device);
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::sync::OnceLock;
+
+    use burn::tensor::DType;
+    use burn_cuda::CudaDevice;
+
+    type Raw = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i64, u8>;
+
+    fn device() -> Option<CudaDevice> {
+        static CELL: OnceLock<Option<CudaDevice>> = OnceLock::new();
+        super::common::probe(&CELL, "cuda", "BURN_INVARIANT_REQUIRE_CUDA", || {
+            // cudarc loads libcuda lazily and panics when it is absent.
+            cudarc::driver::result::init().ok()?;
+            let count = cudarc::driver::result::device::get_count().ok()?;
+            (count > 0).then(|| CudaDevice::new(0))
+        })
+    }
+
+    /// bf16 runs the registry's choice (Sm90 on an H100), f32 the CubeCl kernels.
+    #[test]
+    fn unchecked_wide_targets_give_nan() {
+        if let Some(device) = device() {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                super::unchecked_wide_targets_give_nan::<Raw>(&device, dtype);
+            }
         }
     }
 }

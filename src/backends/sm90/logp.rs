@@ -38,28 +38,36 @@ fn is_bf16(dtype: DType) -> bool {
 }
 
 /// Targets as contiguous i32 with ignored rows mapped to −1 (never a valid target), so an
-/// ignore index outside the i32 range still matches exactly.
-fn normalized_targets(targets: CudaTensor, ignore_index: Option<i64>) -> (CudaTensor, Option<i64>) {
-    use burn::tensor::ops::IntTensorOps;
-    let targets = match ignore_index {
-        // Already in the normalized form (the TP leaves' sentinel): nothing to remap.
-        Some(-1) => targets,
-        Some(ignore) => {
-            let is_ignored = CudaOps::int_equal_elem(
-                targets.clone(),
-                ignore.into(),
-                burn::tensor::BoolDType::U8,
-            );
-            CudaOps::int_mask_fill(targets, is_ignored, (-1i64).into())
-        }
-        None => targets,
+/// ignore index outside the i32 range still matches exactly. Values of a wider dtype outside
+/// `[0, vocab)` become −2 before the narrowing, so none can turn into a class.
+fn normalized_targets(
+    targets: CudaTensor,
+    ignore_index: Option<i64>,
+    vocab: usize,
+) -> (CudaTensor, Option<i64>) {
+    use burn::tensor::{BoolDType, IntDType, ops::BoolTensorOps, ops::IntTensorOps};
+    let narrow = |t: CudaTensor| match t.dtype {
+        DType::I32 => t,
+        _ => CudaOps::int_cast(t, IntDType::I32),
     };
-    let targets = if targets.dtype == DType::I32 {
-        targets
-    } else {
-        CudaOps::int_cast(targets, burn::tensor::IntDType::I32)
-    };
-    (into_contiguous(targets), ignore_index.map(|_| -1))
+    if ignore_index == Some(-1) {
+        // The TP leaves' form: every value is a local column, −1 or −2 already.
+        return (into_contiguous(narrow(targets)), Some(-1));
+    }
+    let is_ignored = ignore_index
+        .map(|ignore| CudaOps::int_equal_elem(targets.clone(), ignore.into(), BoolDType::U8));
+    let mut targets = targets;
+    if targets.dtype != DType::I32 {
+        let below = CudaOps::int_lower_elem(targets.clone(), 0i64.into(), BoolDType::U8);
+        let vocab = (vocab as i64).into();
+        let above = CudaOps::int_greater_equal_elem(targets.clone(), vocab, BoolDType::U8);
+        let beyond = CudaOps::bool_or(below, above);
+        targets = CudaOps::int_mask_fill(targets, beyond, (-2i64).into());
+    }
+    if let Some(is_ignored) = is_ignored {
+        targets = CudaOps::int_mask_fill(targets, is_ignored, (-1i64).into());
+    }
+    (into_contiguous(narrow(targets)), ignore_index.map(|_| -1))
 }
 
 fn logp_flags(bias: bool, ignore_index: Option<i64>) -> u32 {
@@ -100,7 +108,7 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
     let lse = empty(&hidden, vec![n], DType::F32);
     let segments = v.div_ceil(FWD_SEGMENT_COLS);
     let workspace = empty(&hidden, vec![segments * n * 2], DType::F32);
-    let (targets, ignore_index) = normalized_targets(targets, ignore_index);
+    let (targets, ignore_index) = normalized_targets(targets, ignore_index, v);
     let bias = bias.map(into_contiguous);
     let (h, w) = (TmaOperand::new(hidden), TmaOperand::new(weight));
     let params = LogpFwdParams {
@@ -231,7 +239,7 @@ impl Backward {
             ))
         };
         let columns = [column(&stats, 1), column(&grad, 0), column(&grad, 1)];
-        let (targets, ignore_index) = normalized_targets(targets, ignore_index);
+        let (targets, ignore_index) = normalized_targets(targets, ignore_index, v);
         let bias = bias.map(into_contiguous);
         let grads = (
             empty(&hidden, vec![n, d], dtype),
