@@ -43,15 +43,18 @@ pub(crate) fn cubecl_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType)
     }
 }
 
-/// Targets as the kernels take them: i32 or i64. Other integer dtypes are widened to i64 once,
-/// so every value keeps its meaning (an unsigned value past `i64::MAX` becomes negative: out of
-/// range, never another class).
+/// Targets as the kernels take them: i32 or i64. Other integer dtypes are converted once, to
+/// i64 where the runtime has it, so every value keeps its meaning (an unsigned value past
+/// `i64::MAX` becomes negative: out of range, never another class). A runtime without i64 holds
+/// no 64-bit targets, and an unsigned 32-bit value past `i32::MAX` turns negative: out of range.
 fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R> {
     use burn::tensor::{IntDType, ops::IntTensorOps};
-    match targets.dtype {
-        DType::I32 | DType::I64 => targets,
-        _ => CubeBackend::<R, f32, i32, u8>::int_cast(targets, IntDType::I64),
+    if matches!(targets.dtype, DType::I32 | DType::I64) {
+        return targets;
     }
+    let wide = util::runtime_supports(&targets.client, DType::I64.into());
+    let dtype = if wide { IntDType::I64 } else { IntDType::I32 };
+    CubeBackend::<R, f32, i32, u8>::int_cast(targets, dtype)
 }
 
 /// Kernel launches only fail on inputs the public API has already rejected.
