@@ -1,10 +1,10 @@
 //! The public functions (docs/CONTRACT.md, *Public API*): validate, ask the registry, then run
 //! the primitive.
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 
 use crate::backend::{InvariantBackend, LinearLogpInputs, Problem};
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::{Implementation, Op, implementation_for};
+use crate::registry::{Implementation, Op, forced_implementation, implementation_for};
 use crate::{InvariantError, validate};
 
 /// Options of [`linear_logp`] and [`linear_logp_with_lse`].
@@ -75,15 +75,13 @@ fn gemm<B: InvariantBackend>(
             "the output features N",
         )?;
     }
-    let implementation = implementation_for::<B>(Op::Matmul, &device, lhs.dtype())?;
-    check_problem::<B>(
-        implementation,
-        Problem::Matmul {
-            m: lhs_shape[0],
-            k: lhs_shape[1],
-            n: rhs_shape[1],
-        },
-    )?;
+    let problem = Problem::Matmul {
+        m: lhs_shape[0],
+        k: lhs_shape[1],
+        n: rhs_shape[1],
+    };
+    let implementation =
+        implementation_for_problem::<B>(Op::Matmul, &device, lhs.dtype(), problem)?;
     let out = B::invariant_matmul(
         float_primitive(lhs),
         float_primitive(rhs),
@@ -202,21 +200,40 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     }
     validate::index_limit("hidden", &hidden.dims())?;
     validate::index_limit("weight", &weight.dims())?;
-    let implementation = implementation_for::<B>(Op::LinearLogp, &device, hidden.dtype())?;
-    check_problem::<B>(implementation, Problem::LinearLogp { n, d, v })?;
+    let problem = Problem::LinearLogp { n, d, v };
+    let implementation =
+        implementation_for_problem::<B>(Op::LinearLogp, &device, hidden.dtype(), problem)?;
     if !options.skip_target_check && n > 0 {
         validate::targets_in_range(targets, v, options.ignore_index)?;
     }
     Ok(implementation)
 }
 
-fn check_problem<B: InvariantBackend>(
-    implementation: Implementation,
+/// The registry's choice for `problem`. Where the preferred implementation refuses these sizes
+/// (Sm90 and D = 0), the next available one that takes them runs instead: every valid problem
+/// runs. A forced implementation that refuses them is an error.
+fn implementation_for_problem<B: InvariantBackend>(
+    op: Op,
+    device: &B::Device,
+    dtype: DType,
     problem: Problem,
-) -> Result<(), InvariantError> {
-    B::check_problem(implementation, problem).map_err(|reason| InvariantError::UnsupportedProblem {
-        implementation,
+) -> Result<Implementation, InvariantError> {
+    let chosen = implementation_for::<B>(op, device, dtype)?;
+    let Err(reason) = B::check_problem(chosen, problem) else {
+        return Ok(chosen);
+    };
+    let refused = InvariantError::UnsupportedProblem {
+        implementation: chosen,
         problem,
         reason,
-    })
+    };
+    if forced_implementation()?.is_some() {
+        return Err(refused);
+    }
+    B::implementations(op, device, dtype)
+        .into_iter()
+        .filter(|c| c.availability.is_ok())
+        .map(|c| c.implementation)
+        .find(|&imp| B::check_problem(imp, problem).is_ok())
+        .ok_or(refused)
 }

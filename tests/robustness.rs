@@ -210,7 +210,7 @@ mod wgpu {
 mod cuda {
     use std::sync::OnceLock;
 
-    use burn::tensor::DType;
+    use burn::tensor::{DType, Tensor};
     use burn_cuda::CudaDevice;
 
     type Raw = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i64, u8>;
@@ -223,6 +223,60 @@ mod cuda {
             let count = cudarc::driver::result::device::get_count().ok()?;
             (count > 0).then(|| CudaDevice::new(0))
         })
+    }
+
+    /// D = 0 in bf16: the Sm90 kernels refuse it, so the registry's default runs it on CubeCl
+    /// (before, the call returned `UnsupportedProblem`). Values against the NdArray reference.
+    #[test]
+    fn zero_hidden_size_runs_in_bf16() {
+        type Ad = burn::backend::Autodiff<Raw>;
+        type Reference = burn::backend::Autodiff<burn_ndarray::NdArray<f32>>;
+        let Some(device) = device() else { return };
+        let bias_values = vec![0.5f32, -0.25, 1.0, 0.0, 0.125, -1.0];
+        let targets = vec![3i64, 0, 1, 4];
+        let got = logp_lse_dbias::<Ad>(&device, DType::BF16, &bias_values, &targets);
+        let want =
+            logp_lse_dbias::<Reference>(&Default::default(), DType::F32, &bias_values, &targets);
+        for (what, got, want) in [
+            ("logp", &got.0, &want.0),
+            ("lse", &got.1, &want.1),
+            ("dBias", &got.2, &want.2),
+        ] {
+            let close = got.len() == want.len()
+                && got
+                    .iter()
+                    .zip(want)
+                    .all(|(a, b)| (a - b).abs() <= 1e-2 * (1.0 + b.abs()));
+            assert!(close, "{what}: {got:?} vs {want:?}");
+        }
+    }
+
+    /// `(logp, lse, dBias)` of a D = 0 head whose logits are the bias.
+    fn logp_lse_dbias<
+        B: burn::tensor::backend::AutodiffBackend + burn_invariant::InvariantBackend,
+    >(
+        device: &B::Device,
+        dtype: DType,
+        bias: &[f32],
+        targets: &[i64],
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        use super::common::{float, ints, values};
+        let (n, v) = (targets.len(), bias.len());
+        // Uploading zero bytes is refused by the CUDA runtime: empty tensors are only allocated.
+        let hidden = Tensor::<B, 2>::empty([n, 0], (device, dtype)).require_grad();
+        let weight = Tensor::<B, 2>::empty([v, 0], (device, dtype)).require_grad();
+        let bias = float::<B, 1>(bias.to_vec(), [v], device, dtype).require_grad();
+        let (logp, lse) = burn_invariant::linear_logp_with_lse(
+            hidden,
+            weight,
+            ints::<B>(targets.to_vec(), device),
+            Some(bias.clone()),
+            &Default::default(),
+        )
+        .expect("D = 0 is a valid problem");
+        let grads = (logp.clone() * 0.7 + lse.clone() * 0.3).sum().backward();
+        let d_bias = bias.grad(&grads).expect("a bias gradient");
+        (values(logp), values(lse), values(d_bias))
     }
 
     /// bf16 runs the registry's choice (Sm90 on an H100), f32 the CubeCl kernels.
