@@ -71,7 +71,7 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // Arrive on the mbarrier at the same smem offset in CTA `rank` of this cluster. Default .release.cta
 // semantics: the consumer only signals that its wgmma reads of the stage are done (a .cluster-scope release
-// here costs a fence per k-block and halved the throughput).
+// here would cost a fence per k-block and halve the throughput).
 __device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 rank) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"

@@ -227,9 +227,9 @@ __device__ __forceinline__ void gemm_body(const TmaDesc* tmA, const TmaDesc* tmB
 
 }  // namespace ib
 
-// Entry selection: with nothing defined every entry point below is compiled (about 40 s of NVRTC). A host
-// that needs one entry prepends "#define IB_SELECT\n#define IB_ENTRY_<entry name>\n" to the source and
-// gets only that kernel (a few seconds).
+// Entry selection: with nothing defined every entry point below is compiled (tens of seconds of NVRTC). A
+// host that needs one entry prepends "#define IB_SELECT\n#define IB_ENTRY_<entry name>\n" to the source and
+// gets only that kernel (seconds).
 // Large tile: 128 x 256 x 64, 4 stages, 384 threads. Small-M tile: 64 x 64 x 64, 8 stages, 256 threads
 // (same per-element K order, so the same bits: checked by the harness).
 #define IB_GEMM_ENTRY(NAME, T, BN, NC, ST, TA, TB, CL)                                                      \

@@ -210,8 +210,8 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
 }
 
 /// The registry's choice for `problem`. Where the preferred implementation refuses these sizes
-/// (Sm90 and D = 0), the next available one that takes them runs instead: every valid problem
-/// runs. A forced implementation that refuses them is an error.
+/// for a reason other than the number of rows (Sm90 and D = 0), the next available one that
+/// takes them runs instead. A forced implementation that refuses them is an error.
 fn implementation_for_problem<B: InvariantBackend>(
     op: Op,
     device: &B::Device,
@@ -227,7 +227,13 @@ fn implementation_for_problem<B: InvariantBackend>(
         problem,
         reason,
     };
-    if forced_implementation()?.is_some() {
+    // No other choice when forced, or when the refusal is for the number of rows alone:
+    // choosing by rows would break row invariance.
+    let one_row = match problem {
+        Problem::Matmul { k, n, .. } => Problem::Matmul { m: 1, k, n },
+        Problem::LinearLogp { d, v, .. } => Problem::LinearLogp { n: 1, d, v },
+    };
+    if forced_implementation()?.is_some() || B::check_problem(chosen, one_row).is_ok() {
         return Err(refused);
     }
     B::implementations(op, device, dtype)

@@ -95,8 +95,10 @@ pub trait InvariantBackend: Backend {
     /// most preferred first, each saying whether it can run.
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate>;
 
-    /// Shape limits of `implementation` beyond dtype and device; `Err(reason)` reaches the
-    /// caller as [`crate::InvariantError::UnsupportedProblem`] before anything runs.
+    /// Shape limits of `implementation` beyond dtype and device. On `Err(reason)` the public
+    /// functions take the next available implementation that accepts the problem; when none
+    /// does, or the refusing one was forced, the reason reaches the caller as
+    /// [`crate::InvariantError::UnsupportedProblem`] before anything runs.
     fn check_problem(_implementation: Implementation, _problem: Problem) -> Result<(), String> {
         Ok(())
     }

@@ -89,7 +89,7 @@ class Launch:
     def __init__(self, cu, name, grid, block, smem, maps, buffers, params):
         self.f = get_func(cu, name, smem)
         self.grid, self.block, self.smem = grid, block, smem
-        # Parameter order (README 'Entry points'): tensor maps, then buffers (the maps' own buffers first), then
+        # Parameter order (README 'Build model'): tensor maps, then buffers (the maps' own buffers first), then
         # the Params struct.
         self.maps = [ctypes.create_string_buffer(bytes(m), 128) for m in maps]
         self.vals = [ctypes.c_uint64(b.data_ptr() if b is not None else _dummy.data_ptr()) for b in buffers]
@@ -325,7 +325,7 @@ def logp_fwd(H, W, targets, bias=None, ignore_index=None):
 
 def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tchunk=TOKEN_CHUNK,
              vchunk=VOCAB_CHUNK, ws=None):
-    """Host loop the Rust side must reproduce (README 'linear_logp backward')."""
+    """Host loop the Rust side must reproduce (README 'Fused linear_logp', 'Backward')."""
     N, D = H.shape; V = W.shape[0]; dt = H.dtype
     dH = torch.empty_like(H); dW = torch.empty_like(W)
     db = torch.empty((V,), dtype=dt, device="cuda") if bias is not None else None

@@ -50,9 +50,9 @@ fn normalized_targets(
         DType::I32 => t,
         _ => CudaOps::int_cast(t, IntDType::I32),
     };
-    if ignore_index == Some(-1) {
-        // The TP leaves' form: every value is a local column, −1 or −2 already.
-        return (into_contiguous(narrow(targets)), Some(-1));
+    if ignore_index == Some(-1) && targets.dtype == DType::I32 {
+        // Nothing to remap or narrow (the TP leaves' usual form).
+        return (into_contiguous(targets), Some(-1));
     }
     let is_ignored = ignore_index
         .map(|ignore| CudaOps::int_equal_elem(targets.clone(), ignore.into(), BoolDType::U8));
@@ -414,7 +414,8 @@ pub(crate) fn linear_logp_backward(
         args.hidden.meta.shape()[1],
         args.weight.meta.shape()[0],
     );
-    if n == 0 || d == 0 {
+    // D ≥ 1 here: the Sm90 kernels refuse D = 0 (`check_problem`), which runs elsewhere.
+    if n == 0 {
         let dtype = args.hidden.dtype;
         return (
             zeros(&args.hidden, vec![n, d], dtype),
