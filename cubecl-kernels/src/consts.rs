@@ -68,6 +68,26 @@ pub const LOGP_FWD_SEGMENT: usize = 4096;
 /// Floats per (segment, row) in the forward workspace: running max, running sum-exp, target logit.
 pub const LOGP_PARTIAL_STRIDE: usize = 3;
 
+/// `linear_logp` on tensor cores (f16 / bf16 where the cmma GEMM runs): token rows per forward
+/// chunk. Logits of a `TC_FWD_ROWS × TC_FWD_VOCAB` chunk go through an f32 scratch (64 MiB).
+pub const TC_FWD_ROWS: usize = 2048;
+/// `linear_logp` on tensor cores: vocabulary columns per forward chunk (whole segments).
+pub const TC_FWD_VOCAB: usize = 2 * LOGP_FWD_SEGMENT;
+/// `linear_logp` on tensor cores: token rows per backward chunk (the K of the `dWeight` GEMMs).
+pub const TC_BWD_ROWS: usize = 2048;
+/// `linear_logp` on tensor cores: vocabulary columns per backward chunk (the K of the `dHidden`
+/// GEMMs). Scratch: `TC_BWD_ROWS × TC_BWD_VOCAB` f32 logits / `dz` (32 MiB), the same `dz` in the
+/// input dtype (16 MiB), and the chunk's hidden rows with zero-gradient rows zeroed.
+pub const TC_BWD_VOCAB: usize = LOGP_FWD_SEGMENT;
+/// `linear_logp` on tensor cores: units along a row in the segment scan (fixed: the order of the
+/// scan's tree is a constant, not the device's plane width).
+pub const SCAN_LANES: usize = 32;
+/// `linear_logp` on tensor cores: rows per cube in the segment scan.
+pub const SCAN_ROWS: usize = 8;
+/// `linear_logp` on tensor cores: logits each unit takes per step of the scan (one max, one
+/// rescale per step).
+pub const SCAN_BATCH: usize = 8;
+
 /// `linear_logp` backward: token rows per host-side chunk (bounded `dz` scratch).
 pub const BWD_ROW_CHUNK: usize = 256;
 /// `linear_logp` backward: vocabulary columns per host-side chunk (bounded `dz` scratch).

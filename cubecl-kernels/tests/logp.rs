@@ -115,7 +115,7 @@ fn forward<R: Runtime>(client: &ComputeClient<R>, p: &Problem) -> (Vec<f32>, Vec
     let stats = alloc_dense(client, &[p.n, 2], Dt::F32);
     let ws = alloc_dense(
         client,
-        &[linear_logp_forward_workspace_len(p.n, p.v).max(1)],
+        &[linear_logp_forward_workspace_len(p.n, p.v, p.dt.storage()).max(1)],
         Dt::F32,
     );
     linear_logp_forward(client, &inputs(&dev, p), stats.b(), ws.b()).expect("forward");
@@ -138,7 +138,7 @@ fn backward<R: Runtime>(client: &ComputeClient<R>, p: &Problem, g: &[f32]) -> Gr
     let stats = alloc_dense(client, &[p.n, 2], Dt::F32);
     let ws = alloc_dense(
         client,
-        &[linear_logp_forward_workspace_len(p.n, p.v).max(1)],
+        &[linear_logp_forward_workspace_len(p.n, p.v, p.dt.storage()).max(1)],
         Dt::F32,
     );
     linear_logp_forward(client, &inp, stats.b(), ws.b()).expect("forward");
@@ -265,9 +265,17 @@ fn check_backward<R: Runtime>(client: &ComputeClient<R>, p: &Problem) {
         Dt::F16 => 1.0 / 1024.0,
         Dt::BF16 => 1.0 / 128.0,
     };
-    let check = |what: &str, got: &[f32], want: &[f64], mag: &[f64]| {
+    // The tensor-core path rounds dz once to the input dtype before its GEMMs (as Sm90 does):
+    // a relative error of the dtype's epsilon, and for f16 an absolute one of half its smallest
+    // subnormal (2^-25) per term, times the other operand.
+    let dz_eps = out_eps;
+    let dz_abs = if p.dt == Dt::F16 { 2f64.powi(-25) } else { 0.0 };
+    let check = |what: &str, got: &[f32], want: &[f64], mag: &[f64], other: &[f64]| {
         for k in 0..want.len() {
-            let tol = 1e-4 * mag[k] + out_eps * want[k].abs() + 1e-7;
+            let tol = (1e-4 + dz_eps) * mag[k]
+                + dz_abs * other[k]
+                + out_eps * want[k].abs()
+                + 1e-7;
             assert!(
                 (got[k] as f64 - want[k]).abs() <= tol,
                 "{what}[{k}]: got {} want {} (tol {tol:e})",
@@ -294,10 +302,20 @@ fn check_backward<R: Runtime>(client: &ComputeClient<R>, p: &Problem) {
             mdb[j] += g.abs();
         }
     }
-    check("dHidden", &got.dh, &wdh, &mdh);
-    check("dWeight", &got.dw, &wdw, &mdw);
+    // Σ|w[j, q]| over j (for dHidden) and Σ|h[i, q]| over i (for dWeight).
+    let mut sw = vec![0.0f64; p.d];
+    let mut sh = vec![0.0f64; p.d];
+    for q in 0..p.d {
+        sw[q] = (0..p.v).map(|j| p.weight[j * p.d + q].abs() as f64).sum();
+        sh[q] = (0..p.n).map(|i| p.hidden[i * p.d + q].abs() as f64).sum();
+    }
+    let per_col = |s: &[f64], rows: usize| -> Vec<f64> {
+        (0..rows * p.d).map(|k| s[k % p.d]).collect()
+    };
+    check("dHidden", &got.dh, &wdh, &mdh, &per_col(&sw, p.n));
+    check("dWeight", &got.dw, &wdw, &mdw, &per_col(&sh, p.v));
     if let Some(db) = &got.db {
-        check("dBias", db, &wdb, &mdb);
+        check("dBias", db, &wdb, &mdb, &vec![0.0; p.v]);
     }
     eprintln!(
         "[{}] linear_logp backward {:?} N={} D={} V={} bias={}: vs f64 analytic gradient PASS",
@@ -385,7 +403,7 @@ fn errors<R: Runtime>(client: &ComputeClient<R>) {
     let stats = alloc_dense(client, &[p.n, 2], Dt::F32);
     let ws = alloc_dense(
         client,
-        &[linear_logp_forward_workspace_len(p.n, p.v)],
+        &[linear_logp_forward_workspace_len(p.n, p.v, p.dt.storage())],
         Dt::F32,
     );
     // Workspace too small.
@@ -530,9 +548,32 @@ fn suite<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
     errors(client);
 }
 
+/// The chunk hook is process-wide: the wgpu tests of this file take turns.
+static CHUNK_HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn logp_wgpu() {
+    let _turn = CHUNK_HOOK.lock().unwrap_or_else(|e| e.into_inner());
     with_wgpu("logp_wgpu", |client| suite(client, &[Dt::F32, Dt::F16]));
+}
+
+/// The tensor-core path's chunk loops, scan and `dz` kernels, with FMA GEMMs (lavapipe has no
+/// cooperative matrices): the f16 suite, plus shapes crossing the row and vocabulary chunks.
+#[test]
+fn logp_chunked_fma_wgpu() {
+    let _turn = CHUNK_HOOK.lock().unwrap_or_else(|e| e.into_inner());
+    burn_invariant_cubecl::force_chunked_fma(true);
+    let run = std::panic::catch_unwind(|| {
+        with_wgpu("logp_chunked_fma_wgpu", |client| {
+            suite(client, &[Dt::F16]);
+            check_forward(client, &Problem::new(9, 2100, 9, 9001, Dt::F16, true));
+            check_backward(client, &Problem::new(10, 2100, 9, 4500, Dt::F16, true));
+        })
+    });
+    burn_invariant_cubecl::force_chunked_fma(false);
+    if let Err(e) = run {
+        std::panic::resume_unwind(e);
+    }
 }
 
 #[cfg(feature = "cuda")]

@@ -158,7 +158,11 @@ fn perf_cuda() {
             let t: Vec<i32> = (0..nn as i32).map(|i| (i * 7919) % v as i32).collect();
             let tb = upload_i32(client, &t);
             let stats = alloc_dense(client, &[nn, 2], Dt::F32);
-            let ws = alloc_dense(client, &[linear_logp_forward_workspace_len(nn, v)], Dt::F32);
+            let ws = alloc_dense(
+                client,
+                &[linear_logp_forward_workspace_len(nn, v, dt.storage())],
+                Dt::F32,
+            );
             let inp = LogpInputRefs {
                 hidden: h.b(),
                 weight: w.b(),

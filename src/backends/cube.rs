@@ -222,7 +222,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         }
         let workspace = empty(
             &inputs.hidden,
-            vec![logp::linear_logp_forward_workspace_len(n, v).max(1)],
+            vec![logp::linear_logp_forward_workspace_len(n, v, inputs.hidden.dtype.into()).max(1)],
             DType::F32,
         );
         let bindings = LogpBindings::new(&inputs);

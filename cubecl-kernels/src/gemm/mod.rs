@@ -2,7 +2,7 @@
 
 pub(crate) mod args;
 pub(crate) mod cast;
-mod cmma;
+pub(crate) mod cmma;
 pub(crate) mod col_sum;
 pub(crate) mod fma;
 pub(crate) mod view;
@@ -207,24 +207,30 @@ pub fn matmul<R: Runtime>(
         out: om,
     };
     let dims = [c.m, c.k, c.n];
-    match path {
-        GemmPath::Fma => launch_fma(client, &ops, dims, false, SKIP_NONE)?,
-        GemmPath::Cmma {
-            plane_size,
-            manual_mma,
-            async_tile,
-            ..
-        } => {
-            let choice = CmmaChoice {
-                plane_size,
-                tile: CMMA_TILE,
-                manual_mma,
-                async_tile,
-            };
-            launch_cmma(client, &ops, dims, &choice)?
-        }
+    match pinned_cmma(client, st) {
+        Some(choice) => launch_cmma(client, &ops, dims, &choice, false)?,
+        None => launch_fma(client, &ops, dims, false, SKIP_NONE)?,
     }
     Ok(path)
+}
+
+/// The pinned cmma choice for f16 / bf16 `dtype` where the cmma path runs on this client
+/// (`None` for f32 or where it does not): what [`matmul`] and the tensor-core `linear_logp` run.
+pub(crate) fn pinned_cmma<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: StorageType,
+) -> Option<CmmaChoice> {
+    let dt = FloatDType::from_storage("dtype", dtype).ok()?;
+    if dt == FloatDType::F32 || !cmma_supported(client, dtype) {
+        return None;
+    }
+    let manual_mma = manual_mma_supported(client, dtype);
+    Some(CmmaChoice {
+        plane_size: client.properties().hardware.plane_size_max,
+        tile: CMMA_TILE,
+        manual_mma,
+        async_tile: async_tile(client, manual_mma, CMMA_ASYNC_TILE, dt.size()),
+    })
 }
 
 /// [`matmul`] with an explicit cmma tiling instead of the pinned [`crate::consts::CMMA_TILE`] /
@@ -280,7 +286,7 @@ pub fn matmul_cmma_tiled<R: Runtime>(
         manual_mma,
         async_tile: async_tile(client, manual_mma, tile, c.dt.size()),
     };
-    launch_cmma(client, &ops, [c.m, c.k, c.n], &choice)
+    launch_cmma(client, &ops, [c.m, c.k, c.n], &choice, false)
 }
 
 /// The row-reduction product `out = lhs_t · dout`, for `dRhs = lhsᵀ · dOut`.

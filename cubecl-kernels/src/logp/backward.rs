@@ -1,11 +1,13 @@
 //! The backward: per fixed (row chunk, vocabulary chunk), the `dz` tile into an f32 scratch, then
 //! `dHidden`, `dWeight` and `dBias` accumulated from it in f32, in ascending chunk order.
 
+use super::inputs::tensor_core_choice;
 use super::inputs::{
     Checked, LogpGradRefs, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
     linear_logp_backward_workspace_len, view,
 };
 use super::logits::{logits_block, resolve_target};
+use super::tc_backward::{Accumulators, TcScratch, tc_backward};
 use crate::consts::{
     BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, FMA_MICRO, FMA_THREADS, LOGP_ROWS, LOGP_VOCAB_TILE,
 };
@@ -48,6 +50,27 @@ pub fn linear_logp_backward<R: Runtime>(
     let views = check_backward(client, inputs, [stats, grad], grads, workspace)?;
     let b = Backward::new(client, inputs, [stats, grad], grads, workspace, views);
     b.zero_untouched()?;
+    if let Some(choice) = tensor_core_choice(client, &b.c) {
+        let [sv, gv, _, _] = &b.views;
+        let acc = Accumulators {
+            dh: &b.dh,
+            dw: &b.dw,
+            db: b.db.as_ref(),
+        };
+        let start = b.accumulators_end();
+        let scratch = TcScratch::new(start, b.c.n, b.c.d, b.c.v);
+        tc_backward(
+            client,
+            inputs,
+            &b.c,
+            &choice,
+            [(stats, sv), (grad, gv)],
+            &acc,
+            workspace,
+            scratch,
+        )?;
+        return b.round_accumulators();
+    }
     let mut rs = 0usize;
     while rs < b.c.n {
         let rh = b.rows_c.min(b.c.n - rs);
@@ -229,6 +252,13 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
             emulate_fma: fma_mode(client) == FmaMode::Emulated,
             c,
         }
+    }
+
+    /// Where the f32 accumulators end in the workspace (f16 / bf16; the tensor-core scratch
+    /// follows).
+    fn accumulators_end(&self) -> usize {
+        let c = &self.c;
+        self.rows_c * self.cols_c + c.n * c.d + c.v * c.d + if self.db.is_some() { c.v } else { 0 }
     }
 
     /// Gradients no chunk would touch are zero: `dHidden` when V = 0, `dWeight` / `dBias` when

@@ -2,17 +2,19 @@
 //! in ascending segment order.
 
 use super::inputs::{
-    LogpInputRefs, check_inputs, check_workspace, ignore_scalar, linear_logp_forward_workspace_len,
-    linear_logp_num_segments, view,
+    Checked, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
+    linear_logp_forward_workspace_len, linear_logp_num_segments, partials_len, tensor_core_choice,
+    view,
 };
 use super::logits::{logits_block, resolve_target, stage_logits};
+use super::tc_forward::tc_forward_partials;
 use crate::consts::{
     FMA_MICRO, FMA_THREADS, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, LOGP_ROWS, LOGP_VOCAB_TILE,
 };
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
 use crate::gemm::view::StridedView;
-use crate::util::{check_grid, check_out_view, expect_shape, raw_arg, to_u32};
+use crate::util::{View, check_grid, check_out_view, expect_shape, raw_arg, to_u32};
 use cubecl::prelude::*;
 
 /// Forward: `stats_out[i] = (logp_i, lse_i)` (f32 `[N, 2]`, any strides).
@@ -38,12 +40,34 @@ pub fn linear_logp_forward<R: Runtime>(
     let c = check_inputs(client, inputs)?;
     let sv = check_out_view("stats_out", stats_out, 2, 4)?;
     expect_shape("stats_out", &sv, &[c.n, 2])?;
-    let ws_len = linear_logp_forward_workspace_len(c.n, c.v);
+    let ws_len = linear_logp_forward_workspace_len(c.n, c.v, inputs.dtype);
     check_workspace(workspace, ws_len)?;
     to_u32("workspace", "length", ws_len)?;
     if c.n == 0 {
         return Ok(());
     }
+    let num_seg = linear_logp_num_segments(c.v);
+    match tensor_core_choice(client, &c) {
+        Some(choice) => tc_forward_partials(
+            client,
+            inputs,
+            &c,
+            &choice,
+            workspace,
+            partials_len(c.n, c.v),
+        )?,
+        None => launch_fma_partials(client, inputs, &c, workspace)?,
+    }
+    launch_merge(client, inputs, &c, stats_out, &sv, workspace, num_seg)
+}
+
+/// The FMA path's segment partials: logits by the fma chain, reduced tile by tile.
+fn launch_fma_partials<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    workspace: &TensorBinding<R>,
+) -> Result<(), KernelError> {
     let num_seg = linear_logp_num_segments(c.v);
     let f = c.dt.storage();
     let i = c.it.storage();
@@ -73,7 +97,7 @@ pub fn linear_logp_forward<R: Runtime>(
                 c.n as u32,
                 c.d as u32,
                 c.v as u32,
-                ignore_scalar(&c),
+                ignore_scalar(c),
                 f32::NEG_INFINITY,
                 inputs.bias.is_some(),
                 c.ignore.is_some(),
@@ -82,6 +106,19 @@ pub fn linear_logp_forward<R: Runtime>(
             );
         }
     }
+    Ok(())
+}
+
+/// The merge of the segment partials into `stats_out`, one unit per row.
+fn launch_merge<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    stats_out: &TensorBinding<R>,
+    sv: &View,
+    workspace: &TensorBinding<R>,
+    num_seg: usize,
+) -> Result<(), KernelError> {
     let block = 256usize;
     let (gx, _) = check_grid(client, "hidden", c.n.div_ceil(block), 1)?;
     unsafe {
@@ -98,11 +135,11 @@ pub fn linear_logp_forward<R: Runtime>(
             c.n as u32,
             c.v as u32,
             num_seg as u32,
-            ignore_scalar(&c),
+            ignore_scalar(c),
             f32::NEG_INFINITY,
             f32::NAN,
             c.ignore.is_some(),
-            i,
+            c.it.storage(),
         );
     }
     Ok(())

@@ -1,5 +1,7 @@
 //! What both directions take: the input bindings, their checks, and the workspace sizes.
 
+use super::tc_backward::TcScratch;
+use super::tc_forward::tc_forward_scratch_len;
 use crate::consts::{BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE};
 use crate::error::KernelError;
 use crate::gemm::view::StridedViewLaunch;
@@ -42,15 +44,34 @@ pub fn linear_logp_num_segments(v: usize) -> usize {
     v.div_ceil(LOGP_FWD_SEGMENT)
 }
 
-/// f32 elements of workspace [`crate::linear_logp_forward`] needs: `num_segments(V) · N · 3`.
-pub fn linear_logp_forward_workspace_len(n: usize, v: usize) -> usize {
+/// f32 elements of workspace [`crate::linear_logp_forward`] needs for `dtype`: the segment
+/// partials, `num_segments(V) · N · 3`, and for f16 / bf16 the tensor-core path's logits scratch,
+/// `min(N, TC_FWD_ROWS) · min(V, TC_FWD_VOCAB)` (at most 64 MiB).
+pub fn linear_logp_forward_workspace_len(n: usize, v: usize, dtype: StorageType) -> usize {
+    let partials = partials_len(n, v);
+    if is_half(dtype) {
+        partials + tc_forward_scratch_len(n, v)
+    } else {
+        partials
+    }
+}
+
+pub(crate) fn partials_len(n: usize, v: usize) -> usize {
     linear_logp_num_segments(v) * n * LOGP_PARTIAL_STRIDE
+}
+
+fn is_half(dtype: StorageType) -> bool {
+    matches!(
+        FloatDType::from_storage("dtype", dtype),
+        Ok(FloatDType::F16 | FloatDType::BF16)
+    )
 }
 
 /// f32 elements of workspace [`crate::linear_logp_backward`] needs:
 /// `min(N, BWD_ROW_CHUNK) · min(V, BWD_VOCAB_CHUNK)` for the `dz` scratch (≤ 1 Mi floats = 4 MiB
 /// whatever N and V are), plus, when `dtype` is not f32, f32 accumulators of gradient size:
-/// `N·D + V·D (+ V with a bias)`.
+/// `N·D + V·D (+ V with a bias)` and the tensor-core path's scratch (at most
+/// `TC_BWD_ROWS · (1.5 · TC_BWD_VOCAB + D / 2)` floats, 48 MiB + 4 KiB·D).
 pub fn linear_logp_backward_workspace_len(
     n: usize,
     d: usize,
@@ -60,12 +81,11 @@ pub fn linear_logp_backward_workspace_len(
 ) -> Result<usize, KernelError> {
     let dt = FloatDType::from_storage("dtype", dtype)?;
     let scratch = n.min(BWD_ROW_CHUNK) * v.min(BWD_VOCAB_CHUNK);
-    let acc = if dt == FloatDType::F32 {
-        0
-    } else {
-        n * d + v * d + if has_bias { v } else { 0 }
-    };
-    Ok(scratch + acc)
+    if dt == FloatDType::F32 {
+        return Ok(scratch);
+    }
+    let acc = n * d + v * d + if has_bias { v } else { 0 };
+    Ok(scratch + acc + TcScratch::new(scratch + acc, n, d, v).len)
 }
 
 pub(crate) struct Checked {
@@ -161,4 +181,26 @@ pub(crate) fn ignore_scalar(c: &Checked) -> InputScalar {
 /// A strided view for a kernel argument.
 pub(crate) fn view<R: Runtime>(s0: usize, s1: usize, offset: usize) -> StridedViewLaunch<R> {
     StridedViewLaunch::new(offset as u32, s0 as u32, s1 as u32)
+}
+
+/// Whether `linear_logp` runs on tensor cores for `dtype` on this client: f16 / bf16 where the
+/// cmma GEMM runs ([`crate::matmul_path`] is `Cmma`). Elsewhere, and for f32, the FMA kernels
+/// run (f32: bitwise the reference).
+pub fn linear_logp_tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: StorageType) -> bool {
+    crate::gemm::pinned_cmma(client, dtype).is_some()
+}
+
+/// The GEMMs the tensor-core path runs with for these checked inputs, `None` where the FMA
+/// kernels run (f32, no cmma, or an empty dimension: nothing to multiply).
+pub(crate) fn tensor_core_choice<R: Runtime>(
+    client: &ComputeClient<R>,
+    c: &Checked,
+) -> Option<super::Products> {
+    if c.n == 0 || c.d == 0 || c.v == 0 || !is_half(c.dt.storage()) {
+        return None;
+    }
+    if super::chunked_fma_forced() {
+        return Some(super::Products::Fma);
+    }
+    crate::gemm::pinned_cmma(client, c.dt.storage()).map(super::Products::Cmma)
 }

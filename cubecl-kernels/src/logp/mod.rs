@@ -5,10 +5,57 @@ mod backward;
 mod forward;
 mod inputs;
 mod logits;
+mod tc_backward;
+mod tc_forward;
 
 pub use backward::linear_logp_backward;
 pub use forward::linear_logp_forward;
 pub use inputs::{
     LogpGradRefs, LogpInputRefs, linear_logp_backward_workspace_len,
-    linear_logp_forward_workspace_len, linear_logp_num_segments,
+    linear_logp_forward_workspace_len, linear_logp_num_segments, linear_logp_tensor_cores,
 };
+
+use crate::error::KernelError;
+use crate::gemm::args::GemmOperands;
+use crate::gemm::cmma::{CmmaChoice, launch_cmma};
+use crate::gemm::fma::{SKIP_NONE, launch_fma};
+use cubecl::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The GEMMs of the chunked (tensor-core) path: the pinned cmma kernel, or, for tests on devices
+/// without cooperative matrices, the FMA kernel in the same chunk structure.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Products {
+    Cmma(CmmaChoice),
+    Fma,
+}
+
+impl Products {
+    /// `out (+)= lhs · rhs (+ bias)`, f32 accumulation, one rounding to the output's dtype.
+    pub(crate) fn gemm<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        ops: &GemmOperands<'_, R>,
+        dims: [usize; 3],
+        accumulate: bool,
+    ) -> Result<(), KernelError> {
+        match self {
+            Products::Cmma(choice) => launch_cmma(client, ops, dims, choice, accumulate),
+            Products::Fma => launch_fma(client, ops, dims, accumulate, SKIP_NONE),
+        }
+    }
+}
+
+static CHUNKED_FMA: AtomicBool = AtomicBool::new(false);
+
+/// Test hook: run f16 / bf16 `linear_logp` through the tensor-core path's chunks, scan and `dz`
+/// kernels with FMA GEMMs where the device has no cooperative matrices (lavapipe), so that path's
+/// own kernels are tested there. Process-wide; not for production use.
+#[doc(hidden)]
+pub fn force_chunked_fma(on: bool) {
+    CHUNKED_FMA.store(on, Ordering::SeqCst);
+}
+
+pub(crate) fn chunked_fma_forced() -> bool {
+    CHUNKED_FMA.load(Ordering::SeqCst)
+}

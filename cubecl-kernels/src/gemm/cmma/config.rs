@@ -7,6 +7,9 @@ use crate::consts::CmmaTile;
 pub(crate) struct CmmaConfig {
     /// Add `bias[j]` in f32 before the rounding.
     pub has_bias: bool,
+    /// `out = old out + product` in f32 (old out read in the output dtype) instead of
+    /// `out = product`: the f32 accumulators the `linear_logp` backward carries across chunks.
+    pub accumulate: bool,
     /// The lhs is staged K-contiguous (else M-contiguous).
     pub a_kfast: bool,
     /// The rhs is staged N-contiguous (else K-contiguous).

@@ -208,15 +208,15 @@ pub(crate) fn mma_stage_manual<F: Float, VA: Size, VB: Size>(
     }
 }
 
-/// The manual path's epilogue: each lane's accumulators (plus the bias, in f32) rounded once to
-/// the output dtype and stored. The plane's block starts at (`row0`, `col0`).
+/// The manual path's epilogue: each lane's accumulators (plus the bias, in f32; plus the output's
+/// old value where the launch accumulates) rounded once to the output dtype and stored. The plane's block starts at (`row0`, `col0`).
 #[cube]
-pub(crate) fn store_manual<F: Float>(
+pub(crate) fn store_manual<F: Float, O: Float>(
     regs_c: &Sequence<Array<Vector<f32, Const<2>>>>,
     bias: &Tensor<F>,
     bias_off: u32,
     bias_stride: u32,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<O>,
     oo: &StridedView,
     row0: usize,
     col0: usize,
@@ -253,7 +253,11 @@ pub(crate) fn store_manual<F: Float>(
                                 bias[bias_off as usize + col * bias_stride as usize],
                             );
                         }
-                        out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
+                        let o = o_off + row * o_s0 + col * o_s1;
+                        if comptime![cfg.accumulate] {
+                            v = f32::cast_from(out[o]) + v;
+                        }
+                        out[o] = O::cast_from(v);
                     }
                 }
             }
@@ -385,17 +389,18 @@ pub(crate) fn mma_stage_wmma<F: Float, VA: Size, VB: Size>(
 }
 
 /// The WMMA path's epilogue, one fragment at a time through this plane's 16×16 f32 scratch
-/// (`scratch` in `c_s`): plus the bias in f32, rounded once, stored. The plane's block starts
+/// (`scratch` in `c_s`): plus the bias in f32 (and the output's old value where the launch
+/// accumulates), rounded once, stored. The plane's block starts
 /// at (`row0`, `col0`).
 #[cube]
-pub(crate) fn store_wmma<F: Float>(
+pub(crate) fn store_wmma<F: Float, O: Float>(
     accs: &Sequence<cmma::Matrix<f32>>,
     c_s: &mut SharedMemory<f32>,
     scratch: usize,
     bias: &Tensor<F>,
     bias_off: u32,
     bias_stride: u32,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<O>,
     oo: &StridedView,
     row0: usize,
     col0: usize,
@@ -431,7 +436,11 @@ pub(crate) fn store_wmma<F: Float>(
                     if comptime![cfg.has_bias] {
                         v += f32::cast_from(bias[bias_off as usize + col * bias_stride as usize]);
                     }
-                    out[o_off + row * o_s0 + col * o_s1] = F::cast_from(v);
+                    let o = o_off + row * o_s0 + col * o_s1;
+                    if comptime![cfg.accumulate] {
+                        v = f32::cast_from(out[o]) + v;
+                    }
+                    out[o] = O::cast_from(v);
                 }
             }
             sync_cube();

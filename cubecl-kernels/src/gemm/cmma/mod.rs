@@ -45,7 +45,7 @@ use cubecl::prelude::*;
 /// `out = lhs · rhs (+ bias)` on tensor cores: the register-pipelined or the ring body.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
-pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
+pub(crate) fn gemm_cmma_kernel<F: Float, O: Float, VA: Size, VB: Size>(
     lhs: &Tensor<Vector<F, VA>>,
     lo: StridedView,
     rhs: &Tensor<Vector<F, VB>>,
@@ -53,16 +53,16 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
     bias: &Tensor<F>,
     bias_off: u32,
     bias_stride: u32,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<O>,
     oo: StridedView,
     m: u32,
     k: u32,
     n: u32,
     #[comptime] cfg: CmmaConfig,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, O)] _dtypes: [StorageType; 2],
 ) {
     if comptime![cfg.ring] {
-        gemm_ring::<F, VA, VB>(
+        gemm_ring::<F, O, VA, VB>(
             lhs,
             &lo,
             rhs,
@@ -78,7 +78,7 @@ pub(crate) fn gemm_cmma_kernel<F: Float, VA: Size, VB: Size>(
             cfg,
         );
     } else {
-        gemm_registers::<F, VA, VB>(
+        gemm_registers::<F, O, VA, VB>(
             lhs,
             &lo,
             rhs,
@@ -177,12 +177,14 @@ fn cmma_vector<R: Runtime>(
     }
 }
 
-/// Launch the cmma kernel on explicit layouts (shapes already validated by the caller; f16/bf16).
+/// Launch the cmma kernel on explicit layouts (shapes already validated by the caller; f16/bf16
+/// operands, output of the operands' dtype or f32). With `accumulate`, `out += lhs · rhs` in f32.
 pub(crate) fn launch_cmma<R: Runtime>(
     client: &ComputeClient<R>,
     ops: &GemmOperands<'_, R>,
     [m, k, n]: [usize; 3],
     choice: &CmmaChoice,
+    accumulate: bool,
 ) -> Result<(), KernelError> {
     let CmmaChoice {
         plane_size,
@@ -221,6 +223,7 @@ pub(crate) fn launch_cmma<R: Runtime>(
     let (gx, gy) = check_grid(client, "out", m.div_ceil(tile.bm), n.div_ceil(tile.bn))?;
     let cfg = CmmaConfig {
         has_bias: bias.is_some(),
+        accumulate,
         a_kfast,
         b_nfast,
         threads: plane_size as usize * tile.planes(),
@@ -248,7 +251,7 @@ pub(crate) fn launch_cmma<R: Runtime>(
             k32,
             n32,
             cfg,
-            lhs.dtype,
+            [lhs.dtype, out.dtype],
         );
     }
     Ok(())

@@ -16,7 +16,7 @@ use cubecl::prelude::*;
 
 /// The register-pipelined body of `gemm_cmma_kernel`.
 #[cube]
-pub(crate) fn gemm_registers<F: Float, VA: Size, VB: Size>(
+pub(crate) fn gemm_registers<F: Float, O: Float, VA: Size, VB: Size>(
     lhs: &Tensor<Vector<F, VA>>,
     lo: &StridedView,
     rhs: &Tensor<Vector<F, VB>>,
@@ -24,7 +24,7 @@ pub(crate) fn gemm_registers<F: Float, VA: Size, VB: Size>(
     bias: &Tensor<F>,
     bias_off: u32,
     bias_stride: u32,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<O>,
     oo: &StridedView,
     m: u32,
     k: u32,
@@ -80,7 +80,7 @@ pub(crate) fn gemm_registers<F: Float, VA: Size, VB: Size>(
     let (row0, col0) = (block.row0 + prow, block.col0 + pcol);
     let (m, n) = (block.m, block.n);
     if comptime![cfg.manual] {
-        store_manual::<F>(
+        store_manual::<F, O>(
             &regs_c,
             bias,
             bias_off,
@@ -96,7 +96,7 @@ pub(crate) fn gemm_registers<F: Float, VA: Size, VB: Size>(
     } else {
         let scratch = plane * CMMA_FRAG * CMMA_FRAG;
         let c_s = &mut c_s;
-        store_wmma::<F>(
+        store_wmma::<F, O>(
             &accs,
             c_s,
             scratch,

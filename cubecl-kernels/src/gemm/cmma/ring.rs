@@ -185,7 +185,7 @@ fn ring_barriers(#[comptime] count: usize) -> Sequence<Shared<Barrier>> {
 
 /// The body of `gemm_cmma_kernel` when it runs the ring (the launch decides).
 #[cube]
-pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
+pub(crate) fn gemm_ring<F: Float, O: Float, VA: Size, VB: Size>(
     lhs: &Tensor<Vector<F, VA>>,
     lo: &StridedView,
     rhs: &Tensor<Vector<F, VB>>,
@@ -193,7 +193,7 @@ pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
     bias: &Tensor<F>,
     bias_off: u32,
     bias_stride: u32,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<O>,
     oo: &StridedView,
     m: u32,
     k: u32,
@@ -270,7 +270,7 @@ pub(crate) fn gemm_ring<F: Float, VA: Size, VB: Size>(
 
     let (row0, col0) = (block.row0 + prow, block.col0 + pcol);
     let (m, n) = (block.m, block.n);
-    store_manual::<F>(
+    store_manual::<F, O>(
         &regs_c,
         bias,
         bias_off,

@@ -1,0 +1,342 @@
+//! The backward on tensor cores (f16 / bf16 where the cmma GEMM runs). Per fixed row chunk,
+//! ascending: the chunk's hidden rows with zero-gradient rows zeroed; then per fixed vocabulary
+//! chunk, ascending: the logits again (the forward's launch, so the same bits) into an f32
+//! scratch, `dz` from them (f32 in place, and rounded once to the input dtype), then
+//! `dHidden += dz · W`, `dWeight += dzᵀ · H` on the cmma GEMM and `dBias += Σ_rows dz` (f32),
+//! all into the f32 accumulators. Every sum runs over fixed chunks in ascending order.
+
+use super::Products;
+use super::inputs::{Checked, LogpInputRefs, ignore_scalar, view};
+use super::logits::resolve_target;
+use super::tc_forward::logits_chunk;
+use crate::consts::{TC_BWD_ROWS, TC_BWD_VOCAB};
+use crate::error::KernelError;
+use crate::gemm::args::{GemmOperands, Mat, Vec1};
+use crate::gemm::col_sum::launch_col_sum;
+use crate::gemm::view::StridedView;
+use crate::util::{FloatDType, View, check_grid, raw_arg, to_u32};
+use cubecl::prelude::*;
+
+/// Units per cube of the element-wise kernels, and columns each unit takes.
+const EW_UNITS: usize = 256;
+const EW_PER_UNIT: usize = 4;
+
+/// Where the tensor-core backward's scratch lies in the f32 workspace, in f32 elements from its
+/// start (the half-precision buffers at 16-byte aligned offsets).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TcScratch {
+    /// `[rows_c, cols_c]` f32: the logits, then `dz`.
+    pub z: usize,
+    /// `[rows_c, cols_c]` of the input dtype: `dz` rounded once.
+    pub dz_half: usize,
+    /// `[rows_c, D]` of the input dtype: the chunk's hidden rows, zero-gradient rows zeroed.
+    pub hidden_half: usize,
+    /// f32 elements in all.
+    pub len: usize,
+}
+
+impl TcScratch {
+    /// The layout for N, D, V, starting at f32 offset `start`.
+    pub(crate) fn new(start: usize, n: usize, d: usize, v: usize) -> Self {
+        let align = |x: usize| x.div_ceil(4) * 4;
+        let (rows_c, cols_c) = (n.min(TC_BWD_ROWS), v.min(TC_BWD_VOCAB));
+        let z = align(start);
+        let dz_half = align(z + rows_c * cols_c);
+        let hidden_half = align(dz_half + (rows_c * cols_c).div_ceil(2));
+        let end = hidden_half + (rows_c * d).div_ceil(2);
+        Self {
+            z,
+            dz_half,
+            hidden_half,
+            len: end - start,
+        }
+    }
+}
+
+/// The f32 accumulators the backward adds into (the workspace's, f16 / bf16 gradients).
+pub(crate) struct Accumulators<'a, R: Runtime> {
+    pub dh: &'a Mat<'a, R>,
+    pub dw: &'a Mat<'a, R>,
+    pub db: Option<&'a Vec1<'a, R>>,
+}
+
+/// Run the whole backward into `acc`.
+#[allow(clippy::too_many_arguments)] // the backward's bindings, each its own argument
+pub(crate) fn tc_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    choice: &Products,
+    [stats, grad]: [(&TensorBinding<R>, &View); 2],
+    acc: &Accumulators<'_, R>,
+    workspace: &TensorBinding<R>,
+    scratch: TcScratch,
+) -> Result<(), KernelError> {
+    let rows_c = c.n.min(TC_BWD_ROWS);
+    let cols_c = c.v.min(TC_BWD_VOCAB);
+    let f = c.dt.storage();
+    let half = |at: usize, s0: usize, s1: usize| -> Result<Mat<'_, R>, KernelError> {
+        Ok(Mat {
+            buf: workspace,
+            dtype: f,
+            offset: to_u32("workspace", "offset", 2 * at)?,
+            s0: s0 as u32,
+            s1: s1 as u32,
+        })
+    };
+    let row_grads = RowGrads {
+        stats,
+        grad,
+        ignore: ignore_scalar(c),
+    };
+    let mut rs = 0;
+    while rs < c.n {
+        let rh = rows_c.min(c.n - rs);
+        launch_mask_hidden(client, inputs, c, &row_grads, [rs, rh], workspace, scratch)?;
+        let mut cs = 0;
+        while cs < c.v {
+            let ch = cols_c.min(c.v - cs);
+            let chunk = [rs, rh, cs, ch];
+            logits_chunk(
+                client, inputs, c, choice, chunk, workspace, scratch.z, cols_c,
+            )?;
+            launch_dz(
+                client, inputs, c, &row_grads, chunk, workspace, scratch, cols_c,
+            )?;
+            // dHidden[rs..] (+)= dz[rh, ch] · W[cs.., :]
+            let ops = GemmOperands {
+                lhs: half(scratch.dz_half, cols_c, 1)?,
+                rhs: Mat::dense(inputs.weight, f, &c.wv).rows_from("weight", cs)?,
+                bias: None,
+                out: acc.dh.rows_from("d_hidden", rs)?,
+            };
+            choice.gemm(client, &ops, [rh, ch, c.d], cs > 0)?;
+            // dWeight[cs..] (+)= dzᵀ[ch, rh] · H'[rh, D]
+            let ops = GemmOperands {
+                lhs: half(scratch.dz_half, 1, cols_c)?,
+                rhs: half(scratch.hidden_half, c.d, 1)?,
+                bias: None,
+                out: acc.dw.rows_from("d_weight", cs)?,
+            };
+            choice.gemm(client, &ops, [ch, rh, c.d], rs > 0)?;
+            if let Some(db) = acc.db {
+                let out = Vec1 {
+                    buf: db.buf,
+                    offset: to_u32(
+                        "d_bias",
+                        "offset",
+                        db.offset as usize + cs * db.stride as usize,
+                    )?,
+                    stride: db.stride,
+                };
+                let dz = Mat {
+                    buf: workspace,
+                    dtype: FloatDType::F32.storage(),
+                    offset: to_u32("workspace", "offset", scratch.z)?,
+                    s0: cols_c as u32,
+                    s1: 1,
+                };
+                launch_col_sum(client, &dz, &out, FloatDType::F32.storage(), rh, ch, rs > 0)?;
+            }
+            cs += ch;
+        }
+        rs += rh;
+    }
+    Ok(())
+}
+
+/// The saved statistics and the upstream gradient, as the element-wise kernels read them.
+struct RowGrads<'a, R: Runtime> {
+    stats: (&'a TensorBinding<R>, &'a View),
+    grad: (&'a TensorBinding<R>, &'a View),
+    ignore: InputScalar,
+}
+
+/// `hidden_half[r, :] = hidden[rs + r, :]`, or zeros where the row's upstream gradients are
+/// both zero (so such rows add exactly nothing to `dWeight`, even when they hold NaN / Inf).
+fn launch_mask_hidden<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    g: &RowGrads<'_, R>,
+    [rs, rh]: [usize; 2],
+    workspace: &TensorBinding<R>,
+    scratch: TcScratch,
+) -> Result<(), KernelError> {
+    let (gx, gy) = check_grid(client, "hidden", c.d.div_ceil(EW_UNITS * EW_PER_UNIT), rh)?;
+    let gv = g.grad.1;
+    unsafe {
+        logp_mask_hidden_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_1d(EW_UNITS as u32),
+            raw_arg(inputs.hidden),
+            view(c.hv.stride(0), c.hv.stride(1), 0),
+            raw_arg(inputs.targets),
+            c.tv.stride(0) as u32,
+            raw_arg(g.grad.0),
+            view(gv.stride(0), gv.stride(1), 0),
+            raw_arg(workspace),
+            to_u32("workspace", "offset", 2 * scratch.hidden_half)?,
+            rs as u32,
+            c.d as u32,
+            c.v as u32,
+            g.ignore.clone(),
+            c.ignore.is_some(),
+            [c.dt.storage(), c.it.storage()],
+        );
+    }
+    Ok(())
+}
+
+/// `dz` of a chunk from its logits in the scratch: f32 in place, and rounded once into
+/// `dz_half`.
+#[allow(clippy::too_many_arguments)] // one chunk's coordinates and the scratch
+fn launch_dz<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    g: &RowGrads<'_, R>,
+    [rs, rh, cs, ch]: [usize; 4],
+    workspace: &TensorBinding<R>,
+    scratch: TcScratch,
+    ld: usize,
+) -> Result<(), KernelError> {
+    let (gx, gy) = check_grid(client, "hidden", ch.div_ceil(EW_UNITS * EW_PER_UNIT), rh)?;
+    let (sv, gv) = (g.stats.1, g.grad.1);
+    unsafe {
+        logp_dz_from_logits_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_1d(EW_UNITS as u32),
+            raw_arg(workspace),
+            to_u32("workspace", "offset", scratch.z)?,
+            raw_arg(workspace),
+            to_u32("workspace", "offset", 2 * scratch.dz_half)?,
+            ld as u32,
+            raw_arg(inputs.targets),
+            c.tv.stride(0) as u32,
+            raw_arg(g.stats.0),
+            view(sv.stride(0), sv.stride(1), 0),
+            raw_arg(g.grad.0),
+            view(gv.stride(0), gv.stride(1), 0),
+            rs as u32,
+            cs as u32,
+            ch as u32,
+            c.v as u32,
+            g.ignore.clone(),
+            c.ignore.is_some(),
+            [c.dt.storage(), c.it.storage()],
+        );
+    }
+    Ok(())
+}
+
+/// Whether row `row`'s upstream gradients are both zero (the `g_logp` part dropped where the
+/// row is ignored), and its resolved target.
+#[cube]
+fn row_gradients<I: Int>(
+    targets: &Tensor<I>,
+    t_stride: u32,
+    grad: &Tensor<f32>,
+    go: &StridedView,
+    row: usize,
+    v: u32,
+    ignore: InputScalar,
+    #[comptime] has_ignore: bool,
+) -> (f32, f32, i32) {
+    let gbase = go.offset as usize + row * go.s0 as usize;
+    let tgt = resolve_target::<I>(
+        targets[row * t_stride as usize],
+        v,
+        ignore.get::<I>(),
+        has_ignore,
+    );
+    let gl = select(tgt == -1i32, 0.0f32, grad[gbase]);
+    (gl, grad[gbase + go.s1 as usize], tgt)
+}
+
+/// Cube (column block, row of the chunk): `hidden_half[r, d]` for its columns.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
+pub(crate) fn logp_mask_hidden_kernel<F: Float, I: Int>(
+    hidden: &Tensor<F>,
+    ho: StridedView,
+    targets: &Tensor<I>,
+    t_stride: u32,
+    grad: &Tensor<f32>,
+    go: StridedView,
+    out: &mut Tensor<F>,
+    out_off: u32,
+    row_start: u32,
+    d: u32,
+    v: u32,
+    ignore: InputScalar,
+    #[comptime] has_ignore: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let r = CUBE_POS_Y as usize;
+    let row = row_start as usize + r;
+    let (gl, g_lse, _tgt) =
+        row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
+    let zero_row = gl == 0.0f32 && g_lse == 0.0f32;
+    let dd = d as usize;
+    let c0 = CUBE_POS_X as usize * EW_UNITS * EW_PER_UNIT + UNIT_POS_X as usize;
+    #[unroll]
+    for q in 0..EW_PER_UNIT {
+        let col = c0 + q * EW_UNITS;
+        if col < dd {
+            let x = hidden[ho.offset as usize + row * ho.s0 as usize + col * ho.s1 as usize];
+            out[out_off as usize + r * dd + col] = select(zero_row, F::new(0.0), x);
+        }
+    }
+}
+
+/// Cube (column block, row of the chunk): `dz = g_logp·(1[j==t] − p) + g_lse·p`,
+/// `p = exp(z − lse)`, exactly zero where both upstream gradients are zero; written over the
+/// logits (f32) and rounded once into `dz_half`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
+pub(crate) fn logp_dz_from_logits_kernel<F: Float, I: Int>(
+    z: &mut Tensor<f32>,
+    z_off: u32,
+    dz_half: &mut Tensor<F>,
+    dzh_off: u32,
+    ld: u32,
+    targets: &Tensor<I>,
+    t_stride: u32,
+    stats: &Tensor<f32>,
+    so: StridedView,
+    grad: &Tensor<f32>,
+    go: StridedView,
+    row_start: u32,
+    col_start: u32,
+    cols_here: u32,
+    v: u32,
+    ignore: InputScalar,
+    #[comptime] has_ignore: bool,
+    #[define(F, I)] _dtypes: [StorageType; 2],
+) {
+    let r = CUBE_POS_Y as usize;
+    let row = row_start as usize + r;
+    let (gl, g_lse, tgt) =
+        row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
+    let zero_row = gl == 0.0f32 && g_lse == 0.0f32;
+    let lse = stats[so.offset as usize + row * so.s0 as usize + so.s1 as usize];
+    let has_tgt = tgt >= 0i32;
+    let tgt_local = select(has_tgt, tgt - i32::cast_from(col_start), -1i32);
+    let c0 = CUBE_POS_X as usize * EW_UNITS * EW_PER_UNIT + UNIT_POS_X as usize;
+    let ch = cols_here as usize;
+    #[unroll]
+    for q in 0..EW_PER_UNIT {
+        let col = c0 + q * EW_UNITS;
+        if col < ch {
+            let at = r * ld as usize + col;
+            let p = f32::exp(z[z_off as usize + at] - lse);
+            let ind = select(i32::cast_from(col) == tgt_local, 1.0f32, 0.0f32);
+            let val = select(zero_row, 0.0f32, gl * (ind - p) + g_lse * p);
+            z[z_off as usize + at] = val;
+            dz_half[dzh_off as usize + at] = F::cast_from(val);
+        }
+    }
+}

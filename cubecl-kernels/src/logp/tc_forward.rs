@@ -1,0 +1,273 @@
+//! The forward on tensor cores (f16 / bf16 where the cmma GEMM runs): per fixed (row chunk,
+//! vocabulary chunk), the logits through the cmma GEMM into a bounded f32 scratch, then one scan
+//! per (row, segment) into the same segment partials the FMA forward writes.
+
+use super::Products;
+use super::inputs::{Checked, LogpInputRefs, ignore_scalar};
+use super::logits::resolve_target;
+use crate::consts::{
+    LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, SCAN_BATCH, SCAN_LANES, SCAN_ROWS, TC_FWD_ROWS,
+    TC_FWD_VOCAB,
+};
+use crate::error::KernelError;
+
+/// Levels of the scan's tree: `log2(SCAN_LANES)`.
+const SCAN_LEVELS: usize = SCAN_LANES.trailing_zeros() as usize;
+use crate::gemm::args::{GemmOperands, Mat, Vec1};
+use crate::util::{FloatDType, check_grid, raw_arg, to_u32};
+use cubecl::prelude::*;
+
+/// f32 elements of logits scratch the tensor-core forward needs after the partials.
+pub(crate) fn tc_forward_scratch_len(n: usize, v: usize) -> usize {
+    n.min(TC_FWD_ROWS) * v.min(TC_FWD_VOCAB)
+}
+
+/// The logits of row chunk `rs..rs + rh` × vocabulary chunk `cs..cs + ch` into `out` (f32,
+/// row stride `ld`): `hidden · weightᵀ (+ bias)` on the pinned cmma GEMM, bias added in f32.
+/// The same launch in the backward, so both directions see bitwise equal logits.
+#[allow(clippy::too_many_arguments)] // one chunk's coordinates and the scratch
+pub(crate) fn logits_chunk<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    choice: &Products,
+    [rs, rh, cs, ch]: [usize; 4],
+    out: &TensorBinding<R>,
+    out_offset: usize,
+    ld: usize,
+) -> Result<(), KernelError> {
+    let f = c.dt.storage();
+    let hidden = Mat::dense(inputs.hidden, f, &c.hv).rows_from("hidden", rs)?;
+    // weight [V, D] viewed as the rhs [D, V], from column cs on.
+    let weight_t = Mat {
+        buf: inputs.weight,
+        dtype: f,
+        offset: to_u32("weight", "offset", cs * c.wv.stride(0))?,
+        s0: c.wv.stride(1) as u32,
+        s1: c.wv.stride(0) as u32,
+    };
+    let bias = match (inputs.bias, &c.bv) {
+        (Some(b), Some(bv)) => Some(Vec1 {
+            buf: b,
+            offset: to_u32("bias", "offset", cs * bv.stride(0))?,
+            stride: bv.stride(0) as u32,
+        }),
+        _ => None,
+    };
+    let ops = GemmOperands {
+        lhs: hidden,
+        rhs: weight_t,
+        bias,
+        out: Mat {
+            buf: out,
+            dtype: FloatDType::F32.storage(),
+            offset: to_u32("workspace", "offset", out_offset)?,
+            s0: to_u32("workspace", "row stride", ld)?,
+            s1: 1,
+        },
+    };
+    choice.gemm(client, &ops, [rh, c.d, ch], false)
+}
+
+/// The segment partials of every (row, segment) into `workspace[..partials]`, chunk by chunk;
+/// the caller merges them.
+pub(crate) fn tc_forward_partials<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    choice: &Products,
+    workspace: &TensorBinding<R>,
+    scratch_offset: usize,
+) -> Result<(), KernelError> {
+    let rows_c = c.n.min(TC_FWD_ROWS);
+    let cols_c = c.v.min(TC_FWD_VOCAB);
+    let mut rs = 0;
+    while rs < c.n {
+        let rh = rows_c.min(c.n - rs);
+        let mut cs = 0;
+        while cs < c.v {
+            let ch = cols_c.min(c.v - cs);
+            let chunk = [rs, rh, cs, ch];
+            logits_chunk(
+                client,
+                inputs,
+                c,
+                choice,
+                chunk,
+                workspace,
+                scratch_offset,
+                cols_c,
+            )?;
+            launch_scan(client, inputs, c, chunk, workspace, scratch_offset, cols_c)?;
+            cs += ch;
+        }
+        rs += rh;
+    }
+    Ok(())
+}
+
+/// One scan launch over a chunk's logits: a cube per (`SCAN_ROWS` rows, segment).
+fn launch_scan<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    [rs, rh, cs, ch]: [usize; 4],
+    workspace: &TensorBinding<R>,
+    scratch_offset: usize,
+    ld: usize,
+) -> Result<(), KernelError> {
+    let (gx, gy) = check_grid(
+        client,
+        "hidden",
+        rh.div_ceil(SCAN_ROWS),
+        ch.div_ceil(LOGP_FWD_SEGMENT),
+    )?;
+    unsafe {
+        logp_scan_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_2d(SCAN_LANES as u32, SCAN_ROWS as u32),
+            raw_arg(workspace),
+            to_u32("workspace", "offset", scratch_offset)?,
+            ld as u32,
+            raw_arg(inputs.targets),
+            c.tv.stride(0) as u32,
+            raw_arg(workspace),
+            c.n as u32,
+            rs as u32,
+            rh as u32,
+            cs as u32,
+            ch as u32,
+            c.v as u32,
+            ignore_scalar(c),
+            f32::NEG_INFINITY,
+            c.ignore.is_some(),
+            c.it.storage(),
+        );
+    }
+    Ok(())
+}
+
+/// Scan of one (row, segment) of a logits chunk: each of the row's `SCAN_LANES` units runs an
+/// online softmax over its columns (`lane + SCAN_LANES·i`, ascending, `SCAN_BATCH` at a time),
+/// then the units' `(max, sum-exp)` pairs meet in a fixed binary tree; the first unit writes the
+/// partial `(max, sum-exp, target logit)`. The order is a function of the segment alone.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
+pub(crate) fn logp_scan_kernel<I: Int>(
+    logits: &Tensor<f32>,
+    z_off: u32,
+    ld: u32,
+    targets: &Tensor<I>,
+    t_stride: u32,
+    partial: &mut Tensor<f32>,
+    n_rows: u32,
+    row_start: u32,
+    rows_here: u32,
+    col_start: u32,
+    cols_here: u32,
+    v: u32,
+    ignore: InputScalar,
+    neg_inf: f32,
+    #[comptime] has_ignore: bool,
+    #[define(I)] _dtype: StorageType,
+) {
+    let lane = UNIT_POS_X as usize;
+    let ry = UNIT_POS_Y as usize;
+    let rs = row_start as usize;
+    let rh = rows_here as usize;
+    let cs = col_start as usize;
+    let ch = cols_here as usize;
+    let local_row = CUBE_POS_X as usize * SCAN_ROWS + ry;
+    let seg0 = CUBE_POS_Y as usize * LOGP_FWD_SEGMENT;
+    let seg1 = min(ch, seg0 + LOGP_FWD_SEGMENT);
+    let row_ok = local_row < rh;
+    let zbase = z_off as usize + local_row * ld as usize;
+
+    let mut run_m = neg_inf;
+    let mut run_s = 0.0f32;
+    if row_ok {
+        let step = SCAN_LANES * SCAN_BATCH;
+        let steps = (seg1 - seg0).div_ceil(step);
+        let mut vals = Array::<f32>::new(SCAN_BATCH);
+        for t in 0..steps {
+            let c0 = seg0 + t * step + lane;
+            let mut tmax = neg_inf;
+            #[unroll]
+            for b in 0..SCAN_BATCH {
+                let col = c0 + b * SCAN_LANES;
+                let mut z = neg_inf;
+                if col < seg1 {
+                    z = logits[zbase + col];
+                }
+                vals[b] = z;
+                tmax = select(z > tmax, z, tmax);
+            }
+            if tmax > run_m {
+                run_s *= f32::exp(run_m - tmax);
+                run_m = tmax;
+            }
+            #[unroll]
+            for b in 0..SCAN_BATCH {
+                let z = vals[b];
+                run_s += select(z == neg_inf, 0.0f32, f32::exp(z - run_m));
+            }
+        }
+    }
+
+    let (m, s) = tree_merge(run_m, run_s, lane, ry);
+
+    if row_ok && lane == 0 {
+        let row = rs + local_row;
+        let tgt = resolve_target::<I>(
+            targets[row * t_stride as usize],
+            v,
+            ignore.get::<I>(),
+            has_ignore,
+        );
+        let mut t_logit = 0.0f32;
+        let lo = cs + seg0;
+        let hi = cs + seg1;
+        if tgt >= 0i32 {
+            let t = usize::cast_from(tgt);
+            if t >= lo && t < hi {
+                t_logit = logits[zbase + t - cs];
+            }
+        }
+        let seg = lo / LOGP_FWD_SEGMENT;
+        let o = (seg * n_rows as usize + row) * LOGP_PARTIAL_STRIDE;
+        partial[o] = m;
+        partial[o + 1] = s;
+        partial[o + 2] = t_logit;
+    }
+}
+
+/// The row's `SCAN_LANES` `(max, sum-exp)` pairs merged in a fixed binary tree through shared
+/// memory (halves, then quarters, …): `m' = max`, `s' = s_a·e^(m_a − m') + s_b·e^(m_b − m')`,
+/// an empty side adding exactly nothing. Every unit of the cube must call it.
+#[cube]
+fn tree_merge(run_m: f32, run_s: f32, lane: usize, ry: usize) -> (f32, f32) {
+    let mut m_s = SharedMemory::<f32>::new(SCAN_ROWS * SCAN_LANES);
+    let mut s_s = SharedMemory::<f32>::new(SCAN_ROWS * SCAN_LANES);
+    let at = ry * SCAN_LANES + lane;
+    m_s[at] = run_m;
+    s_s[at] = run_s;
+    sync_cube();
+    #[unroll]
+    for level in 0..SCAN_LEVELS {
+        let half = SCAN_LANES >> (level + 1);
+        if lane < half {
+            let ma = m_s[at];
+            let sa = s_s[at];
+            let mb = m_s[at + half];
+            let sb = s_s[at + half];
+            let m = select(mb > ma, mb, ma);
+            let ea = select(sa == 0.0f32, 0.0f32, sa * f32::exp(ma - m));
+            let eb = select(sb == 0.0f32, 0.0f32, sb * f32::exp(mb - m));
+            m_s[at] = m;
+            s_s[at] = ea + eb;
+        }
+        sync_cube();
+    }
+    (m_s[ry * SCAN_LANES], s_s[ry * SCAN_LANES])
+}
