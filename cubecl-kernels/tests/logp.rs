@@ -272,10 +272,7 @@ fn check_backward<R: Runtime>(client: &ComputeClient<R>, p: &Problem) {
     let dz_abs = if p.dt == Dt::F16 { 2f64.powi(-25) } else { 0.0 };
     let check = |what: &str, got: &[f32], want: &[f64], mag: &[f64], other: &[f64]| {
         for k in 0..want.len() {
-            let tol = (1e-4 + dz_eps) * mag[k]
-                + dz_abs * other[k]
-                + out_eps * want[k].abs()
-                + 1e-7;
+            let tol = (1e-4 + dz_eps) * mag[k] + dz_abs * other[k] + out_eps * want[k].abs() + 1e-7;
             assert!(
                 (got[k] as f64 - want[k]).abs() <= tol,
                 "{what}[{k}]: got {} want {} (tol {tol:e})",
@@ -309,9 +306,8 @@ fn check_backward<R: Runtime>(client: &ComputeClient<R>, p: &Problem) {
         sw[q] = (0..p.v).map(|j| p.weight[j * p.d + q].abs() as f64).sum();
         sh[q] = (0..p.n).map(|i| p.hidden[i * p.d + q].abs() as f64).sum();
     }
-    let per_col = |s: &[f64], rows: usize| -> Vec<f64> {
-        (0..rows * p.d).map(|k| s[k % p.d]).collect()
-    };
+    let per_col =
+        |s: &[f64], rows: usize| -> Vec<f64> { (0..rows * p.d).map(|k| s[k % p.d]).collect() };
     check("dHidden", &got.dh, &wdh, &mdh, &per_col(&sw, p.n));
     check("dWeight", &got.dw, &wdw, &mdw, &per_col(&sh, p.v));
     if let Some(db) = &got.db {

@@ -10,6 +10,7 @@ use super::logits::{logits_block, resolve_target};
 use super::tc_backward::{Accumulators, TcScratch, tc_backward};
 use crate::consts::{
     BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, FMA_MICRO, FMA_THREADS, LOGP_ROWS, LOGP_VOCAB_TILE,
+    TC_BWD_VOCAB,
 };
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, Mat, Vec1};
@@ -57,8 +58,7 @@ pub fn linear_logp_backward<R: Runtime>(
             dw: &b.dw,
             db: b.db.as_ref(),
         };
-        let start = b.accumulators_end();
-        let scratch = TcScratch::new(start, b.c.n, b.c.d, b.c.v);
+        let scratch = TcScratch::new(b.accumulators_end(), b.c.n, b.c.d, b.c.v);
         tc_backward(
             client,
             inputs,
@@ -68,27 +68,29 @@ pub fn linear_logp_backward<R: Runtime>(
             &acc,
             workspace,
             scratch,
+            |cs, ch| b.flush_d_weight(cs, ch),
         )?;
         return b.round_accumulators();
     }
-    let mut rs = 0usize;
-    while rs < b.c.n {
-        let rh = b.rows_c.min(b.c.n - rs);
-        let mut cs = 0usize;
-        while cs < b.c.v {
+    let mut cs = 0usize;
+    while cs < b.c.v {
+        let ch = b.cols_c.min(b.c.v - cs);
+        let mut rs = 0usize;
+        while rs < b.c.n {
             let chunk = Chunk {
                 rs,
-                rh,
+                rh: b.rows_c.min(b.c.n - rs),
                 cs,
-                ch: b.cols_c.min(b.c.v - cs),
+                ch,
             };
             b.launch_dz(chunk)?;
             b.accumulate_d_hidden(chunk)?;
             b.accumulate_d_weight(chunk)?;
             b.accumulate_d_bias(chunk)?;
-            cs += chunk.ch;
+            rs += chunk.rh;
         }
-        rs += rh;
+        b.flush_d_weight(cs, ch)?;
+        cs += ch;
     }
     b.round_accumulators()
 }
@@ -216,6 +218,7 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
             }
         };
         let dh = acc(grads.d_hidden, &v.d_hidden, scratch, c.d);
+        // f16 / bf16: one vocabulary chunk of dWeight at a time (rounded when the chunk is done).
         let dw = acc(grads.d_weight, &v.d_weight, scratch + c.n * c.d, c.d);
         let db = match (grads.d_bias, &v.d_bias) {
             (Some(out), Some(view)) if is_f32 => Some(Vec1 {
@@ -225,7 +228,7 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
             }),
             (Some(_), Some(_)) => Some(Vec1 {
                 buf: workspace,
-                offset: (scratch + c.n * c.d + c.v * c.d) as u32,
+                offset: (scratch + c.n * c.d + dw_chunk_rows(c.v) * c.d) as u32,
                 stride: 1,
             }),
             _ => None,
@@ -258,7 +261,27 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
     /// follows).
     fn accumulators_end(&self) -> usize {
         let c = &self.c;
-        self.rows_c * self.cols_c + c.n * c.d + c.v * c.d + if self.db.is_some() { c.v } else { 0 }
+        accumulators_end(c.n, c.d, c.v, self.db.is_some())
+    }
+
+    /// Where `dWeight[cs..]` accumulates: the output itself (f32) or the chunk accumulator.
+    fn d_weight_rows(&self, cs: usize) -> Result<Mat<'a, R>, KernelError> {
+        if self.c.dt == FloatDType::F32 {
+            self.dw.rows_from("d_weight", cs)
+        } else {
+            Ok(self.dw.shallow())
+        }
+    }
+
+    /// f16 / bf16: round the finished vocabulary chunk `cs..cs + ch` of `dWeight` once.
+    fn flush_d_weight(&self, cs: usize, ch: usize) -> Result<(), KernelError> {
+        if self.c.dt == FloatDType::F32 {
+            return Ok(());
+        }
+        let [_, _, _, dwv] = &self.views;
+        let out =
+            Mat::dense(self.grads.d_weight, self.c.dt.storage(), dwv).rows_from("d_weight", cs)?;
+        launch_cast_2d(self.client, &self.dw, &out, ch, self.c.d)
     }
 
     /// Gradients no chunk would touch are zero: `dHidden` when V = 0, `dWeight` / `dBias` when
@@ -269,7 +292,12 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
             zero_fill(self.client, &self.dh, c.n, c.d)?;
         }
         if c.n == 0 {
-            zero_fill(self.client, &self.dw, c.v, c.d)?;
+            let rows = if c.dt == FloatDType::F32 {
+                c.v
+            } else {
+                dw_chunk_rows(c.v)
+            };
+            zero_fill(self.client, &self.dw, rows, c.d)?;
             if let Some(db) = &self.db {
                 let row = Mat {
                     buf: db.buf,
@@ -371,7 +399,7 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
             lhs: self.dz(true),
             rhs: hidden.rows_from("hidden", k.rs)?,
             bias: None,
-            out: self.dw.rows_from("d_weight", k.cs)?,
+            out: self.d_weight_rows(k.cs)?,
         };
         let dims = [k.ch, k.rh, c.d];
         launch_fma(self.client, &ops, dims, k.rs > 0, SKIP_ZERO_LHS)
@@ -410,11 +438,9 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
             return Ok(());
         }
         let f = c.dt.storage();
-        let [_, _, dhv, dwv] = &self.views;
+        let [_, _, dhv, _] = &self.views;
         let dh_out = Mat::dense(self.grads.d_hidden, f, dhv);
         launch_cast_2d(self.client, &self.dh, &dh_out, c.n, c.d)?;
-        let dw_out = Mat::dense(self.grads.d_weight, f, dwv);
-        launch_cast_2d(self.client, &self.dw, &dw_out, c.v, c.d)?;
         if let (Some(db), Some(out), Some(dbv)) = (&self.db, self.grads.d_bias, &self.d_bias_view) {
             let acc = Mat {
                 buf: db.buf,
@@ -547,4 +573,19 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
             }
         }
     }
+}
+
+/// Rows of the f16 / bf16 `dWeight` accumulator: one vocabulary chunk (both paths' chunks are at
+/// most `BWD_VOCAB_CHUNK` wide).
+pub(crate) fn dw_chunk_rows(v: usize) -> usize {
+    v.min(BWD_VOCAB_CHUNK.max(TC_BWD_VOCAB))
+}
+
+/// f32 elements of the f16 / bf16 workspace before the tensor-core scratch: the FMA `dz`
+/// scratch, `dHidden` `[N, D]`, one chunk of `dWeight`, `dBias` `[V]`.
+pub(crate) fn accumulators_end(n: usize, d: usize, v: usize, has_bias: bool) -> usize {
+    n.min(BWD_ROW_CHUNK) * v.min(BWD_VOCAB_CHUNK)
+        + n * d
+        + dw_chunk_rows(v) * d
+        + if has_bias { v } else { 0 }
 }

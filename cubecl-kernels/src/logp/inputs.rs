@@ -1,5 +1,6 @@
 //! What both directions take: the input bindings, their checks, and the workspace sizes.
 
+use super::backward::accumulators_end;
 use super::tc_backward::TcScratch;
 use super::tc_forward::tc_forward_scratch_len;
 use crate::consts::{BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE};
@@ -69,9 +70,10 @@ fn is_half(dtype: StorageType) -> bool {
 
 /// f32 elements of workspace [`crate::linear_logp_backward`] needs:
 /// `min(N, BWD_ROW_CHUNK) · min(V, BWD_VOCAB_CHUNK)` for the `dz` scratch (≤ 1 Mi floats = 4 MiB
-/// whatever N and V are), plus, when `dtype` is not f32, f32 accumulators of gradient size:
-/// `N·D + V·D (+ V with a bias)` and the tensor-core path's scratch (at most
-/// `TC_BWD_ROWS · (1.5 · TC_BWD_VOCAB + D / 2)` floats, 48 MiB + 4 KiB·D).
+/// whatever N and V are), plus, when `dtype` is not f32, f32 accumulators: `dHidden` (`N·D`),
+/// one vocabulary chunk of `dWeight` (`min(V, 4096)·D`), `dBias` (`V`), and the tensor-core
+/// path's scratch (at most `TC_BWD_ROWS · (1.5 · TC_BWD_VOCAB + D / 2)` floats,
+/// 48 MiB + 4 KiB·D).
 pub fn linear_logp_backward_workspace_len(
     n: usize,
     d: usize,
@@ -84,8 +86,8 @@ pub fn linear_logp_backward_workspace_len(
     if dt == FloatDType::F32 {
         return Ok(scratch);
     }
-    let acc = n * d + v * d + if has_bias { v } else { 0 };
-    Ok(scratch + acc + TcScratch::new(scratch + acc, n, d, v).len)
+    let end = accumulators_end(n, d, v, has_bias);
+    Ok(end + TcScratch::new(end, n, d, v).len)
 }
 
 pub(crate) struct Checked {

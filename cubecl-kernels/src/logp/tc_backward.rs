@@ -1,9 +1,11 @@
-//! The backward on tensor cores (f16 / bf16 where the cmma GEMM runs). Per fixed row chunk,
-//! ascending: the chunk's hidden rows with zero-gradient rows zeroed; then per fixed vocabulary
-//! chunk, ascending: the logits again (the forward's launch, so the same bits) into an f32
-//! scratch, `dz` from them (f32 in place, and rounded once to the input dtype), then
-//! `dHidden += dz · W`, `dWeight += dzᵀ · H` on the cmma GEMM and `dBias += Σ_rows dz` (f32),
-//! all into the f32 accumulators. Every sum runs over fixed chunks in ascending order.
+//! The backward on tensor cores (f16 / bf16 where the cmma GEMM runs). Per fixed vocabulary
+//! chunk, ascending, and within it per fixed row chunk, ascending: the chunk's hidden rows with
+//! zero-gradient rows zeroed; the logits again (the forward's launch, so the same bits) into an
+//! f32 scratch; `dz` from them (f32 in place, and rounded once to the input dtype); then
+//! `dHidden += dz · W`, `dWeight += dzᵀ · H` on the cmma GEMM and `dBias += Σ_rows dz` (f32)
+//! into the f32 accumulators. A finished vocabulary chunk of `dWeight` is rounded at once, so
+//! its accumulator is one chunk, not `[V, D]`. Every sum runs over fixed chunks in ascending
+//! order.
 
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar, view};
@@ -71,6 +73,7 @@ pub(crate) fn tc_backward<R: Runtime>(
     acc: &Accumulators<'_, R>,
     workspace: &TensorBinding<R>,
     scratch: TcScratch,
+    flush_d_weight: impl Fn(usize, usize) -> Result<(), KernelError>,
 ) -> Result<(), KernelError> {
     let rows_c = c.n.min(TC_BWD_ROWS);
     let cols_c = c.v.min(TC_BWD_VOCAB);
@@ -89,14 +92,14 @@ pub(crate) fn tc_backward<R: Runtime>(
         grad,
         ignore: ignore_scalar(c),
     };
-    let mut rs = 0;
-    while rs < c.n {
-        let rh = rows_c.min(c.n - rs);
-        launch_mask_hidden(client, inputs, c, &row_grads, [rs, rh], workspace, scratch)?;
-        let mut cs = 0;
-        while cs < c.v {
-            let ch = cols_c.min(c.v - cs);
+    let mut cs = 0;
+    while cs < c.v {
+        let ch = cols_c.min(c.v - cs);
+        let mut rs = 0;
+        while rs < c.n {
+            let rh = rows_c.min(c.n - rs);
             let chunk = [rs, rh, cs, ch];
+            launch_mask_hidden(client, inputs, c, &row_grads, [rs, rh], workspace, scratch)?;
             logits_chunk(
                 client, inputs, c, choice, chunk, workspace, scratch.z, cols_c,
             )?;
@@ -111,12 +114,12 @@ pub(crate) fn tc_backward<R: Runtime>(
                 out: acc.dh.rows_from("d_hidden", rs)?,
             };
             choice.gemm(client, &ops, [rh, ch, c.d], cs > 0)?;
-            // dWeight[cs..] (+)= dzᵀ[ch, rh] · H'[rh, D]
+            // dWeight[cs..] (+)= dzᵀ[ch, rh] · H'[rh, D], into the chunk accumulator
             let ops = GemmOperands {
                 lhs: half(scratch.dz_half, 1, cols_c)?,
                 rhs: half(scratch.hidden_half, c.d, 1)?,
                 bias: None,
-                out: acc.dw.rows_from("d_weight", cs)?,
+                out: acc.dw.shallow(),
             };
             choice.gemm(client, &ops, [ch, rh, c.d], rs > 0)?;
             if let Some(db) = acc.db {
@@ -138,9 +141,10 @@ pub(crate) fn tc_backward<R: Runtime>(
                 };
                 launch_col_sum(client, &dz, &out, FloatDType::F32.storage(), rh, ch, rs > 0)?;
             }
-            cs += ch;
+            rs += rh;
         }
-        rs += rh;
+        flush_d_weight(cs, ch)?;
+        cs += ch;
     }
     Ok(())
 }
