@@ -2,7 +2,9 @@
 """cuBLAS (through PyTorch) side of the GPU report: the same shapes as benches/gpu_report.rs, printed as
 RESULT lines with impl=cuBLAS. Timing: CUDA events, 200 ms of warm-up, median of repetitions of a batch of calls,
 random data, TF32 off. For linear_logp the reference is one [N,D]x[D,V] GEMM (four for forward+backward),
-with V rounded up to a multiple of 128 (cuBLAS takes a slow path at V=50257)."""
+with V rounded up to a multiple of 128 (cuBLAS takes a slow path at V=50257).
+`cublas_reference.py f16`: the M=4096 matmul and linear_logp shapes in f16 (the wgpu/Vulkan report's dtype)."""
+import sys
 import time
 
 import torch
@@ -33,24 +35,25 @@ def report(op, shape, ms, flops):
     print(f"RESULT op={op} impl=cuBLAS {shape} ms={ms:.4f} tflops={flops / (ms * 1e-3) / 1e12:.1f}", flush=True)
 
 
+DT, NAME = (torch.float16, "f16") if sys.argv[1:] == ["f16"] else (torch.bfloat16, "bf16")
 for k, n in PROJECTIONS:
-    rhs = (torch.rand(k, n, device="cuda") * 0.1 - 0.05).bfloat16()
-    for m in (4096, 64, 16, 1):
-        lhs = (torch.rand(m, k, device="cuda") * 2 - 1).bfloat16()
+    rhs = (torch.rand(k, n, device="cuda") * 0.1 - 0.05).to(DT)
+    for m in (4096, 64, 16, 1) if NAME == "bf16" else (4096,):
+        lhs = (torch.rand(m, k, device="cuda") * 2 - 1).to(DT)
         flops = 2.0 * m * k * n
-        shape = f"dtype=bf16 m={m} k={k} n={n}"
+        shape = f"dtype={NAME} m={m} k={k} n={n}"
         report("matmul", shape, median_ms(lambda: lhs @ rhs, 10 if m == 4096 else 50), flops)
         if m == 4096:
-            g = (torch.rand(m, n, device="cuda") * 2 - 1).bfloat16()
+            g = (torch.rand(m, n, device="cuda") * 2 - 1).to(DT)
             report("matmul_backward", shape, median_ms(lambda: (g @ rhs.t(), lhs.t() @ g), 5), 2 * flops)
 
 n, d = 4096, 2048
 for v in (32768, 50257, 131072):
     vp = (v + 127) // 128 * 128
-    h = (torch.rand(n, d, device="cuda") * 2 - 1).bfloat16()
-    w = (torch.rand(vp, d, device="cuda") * 0.1 - 0.05).bfloat16()
+    h = (torch.rand(n, d, device="cuda") * 2 - 1).to(DT)
+    w = (torch.rand(vp, d, device="cuda") * 0.1 - 0.05).to(DT)
     flops = 2.0 * n * d * v
-    shape = f"dtype=bf16 n={n} d={d} v={v}"
+    shape = f"dtype={NAME} n={n} d={d} v={v}"
     one = median_ms(lambda: h @ w.t(), 5)
     report("linear_logp_fwd", shape, one, flops)
     report("linear_logp_fwd_bwd", shape, 4 * one, 4 * flops)

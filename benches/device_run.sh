@@ -3,25 +3,49 @@
 # compute-sanitizer on the raw kernels, the GPU report beside cuBLAS, and the main example.
 # Expects the stripped binaries (xz) in .gpu/ (see README "GPU runs"); writes logs to $OUT.
 # `overhead`: the public-call overhead bench (`benches/call_overhead.rs`) and cuBLAS at the same shapes.
+# `kernels`: the kernel crate's CUDA tests (.gpu/{kgemm,klogp}); `ksanitize`: compute-sanitizer on klogp.
+# `memory`: device memory around one forward + backward (gpu_report memory).
+# `vulkan`: the wgpu suites and the wgpu report through Vulkan/SPIR-V (.gpu/{gpu_vk,gpu_report_vk},
+# built with `--features vulkan,cuda`; the loaders from .gl/, see the device README), cuBLAS f16 beside.
 set -uo pipefail
-(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead; do [[ -e $b ]] && chmod +x "$b"; done)
+(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk; do [[ -e $b ]] && chmod +x "$b"; done)
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, overhead, example
+MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
-  step tests_default 200 .gpu/gpu cuda:: --test-threads=1
-  BURN_INVARIANT_IMPL=cubecl step tests_cubecl 200 .gpu/gpu cuda:: --test-threads=1
+  step tests_default 300 .gpu/gpu cuda --test-threads=1
+  BURN_INVARIANT_IMPL=cubecl step tests_cubecl 300 .gpu/gpu cuda --test-threads=1
 fi
 if has sanitize; then
   step memcheck 150 compute-sanitizer --tool memcheck .gpu/gpu cuda::raw::matmul_correctness_fixed_shapes cuda::raw::linear_logp_gradients_vs_f64 --test-threads=1
   step racecheck 150 compute-sanitizer --tool racecheck .gpu/gpu cuda::raw::linear_logp_correctness_fixed_shapes --test-threads=1
 fi
+if has kernels; then
+  step kgemm 200 .gpu/kgemm gemm_cuda --test-threads=1
+  step klogp 200 .gpu/klogp logp_cuda --test-threads=1
+fi
+if has ksanitize; then
+  step memcheck_klogp 240 compute-sanitizer --tool memcheck .gpu/klogp logp_cuda --test-threads=1
+  step racecheck_klogp 240 compute-sanitizer --tool racecheck .gpu/klogp logp_cuda --test-threads=1
+fi
 if has bench; then
   step report 300 .gpu/gpu_report
   step cublas 120 python3 benches/cublas_reference.py
   python3 benches/compare.py "$OUT/report.log" "$OUT/cublas.log" > "$OUT/table.md"; cat "$OUT/table.md"
+fi
+if has memory; then
+  step memory 200 .gpu/gpu_report memory; grep -h "^MEMORY" "$OUT/memory.log"
+fi
+if has vulkan; then
+  if ! ldconfig -p | grep -q libvulkan; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
+  [[ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  BURN_INVARIANT_REQUIRE_WGPU=1 step tests_vulkan 300 .gpu/gpu_vk wgpu:: --test-threads=1
+  step report_vulkan 300 .gpu/gpu_report_vk wgpu
+  step cublas_f16 120 python3 benches/cublas_reference.py f16
+  python3 benches/compare.py "$OUT/report_vulkan.log" "$OUT/cublas_f16.log" > "$OUT/table_vulkan.md"; cat "$OUT/table_vulkan.md"
+  grep -h "^WGPU" "$OUT/report_vulkan.log"
 fi
 if has overhead; then
   step overhead 200 .gpu/call_overhead

@@ -2,22 +2,36 @@
 //! machine-readable `RESULT` line per case, to be set side by side with cuBLAS
 //! (`benches/cublas_reference.py`, same shapes, same run; `benches/compare.py` joins them).
 //!
-//! `cargo bench --features cuda --bench gpu_report` (needs an NVIDIA GPU; prints a notice and
-//! exits 0 without one). Timing: warm-up, then the median over repetitions of a device-synced
-//! batch of launches, on random data.
+//! Beside each primitive case, the same work through the public API as a user runs it: under
+//! `Autodiff<Fusion<CubeBackend<Cuda, bf16>>>`, the implementation forced with
+//! `BURN_INVARIANT_IMPL`, calls queued and one sync per batch (`impl=<Impl>Api`; `linear_logp`
+//! with `skip_target_check`, whose host read of the targets would sync every call).
+//! `memory`: device memory around one forward + backward (cubecl's in-use and reserved bytes, and
+//! `nvidia-smi`'s figure for this process), `MEMORY` lines.
+//!
+//! `cargo bench --features cuda --bench gpu_report [matmul|logp|api|memory|wgpu]` (`wgpu`: built
+//! with `wgpu` or `vulkan`) (needs an NVIDIA
+//! GPU; prints a notice and exits 0 without one). Timing: warm-up, then the median over
+//! repetitions of a device-synced batch of launches, on random data.
 use std::time::Instant;
 
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{
     DType, Distribution, Int, Tensor, TensorData, TensorPrimitive, backend::Backend,
 };
 use burn_invariant::{
-    InvariantBackend,
+    InvariantBackend, LinearLogpOptions,
     backend::{GradRequest, LinearLogpInputs},
     registry::Implementation,
 };
 
 #[cfg(feature = "cuda")]
 type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+/// What a user trains on: autodiff over fusion over the bf16 CUDA backend.
+#[cfg(feature = "cuda")]
+type User = burn::backend::Autodiff<
+    burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, half::bf16, i32, u8>>,
+>;
 
 const PROJECTIONS: [(usize, usize); 5] = [
     (4096, 12288),
@@ -63,7 +77,54 @@ fn random<Bk: Backend, const D: usize>(
     device: &Bk::Device,
     scale: f64,
 ) -> Tensor<Bk, D> {
-    Tensor::<Bk, D>::random(shape, Distribution::Uniform(-scale, scale), device).cast(DType::BF16)
+    random_as(shape, device, scale, DType::BF16)
+}
+
+fn random_as<Bk: Backend, const D: usize>(
+    shape: [usize; D],
+    device: &Bk::Device,
+    scale: f64,
+    dtype: DType,
+) -> Tensor<Bk, D> {
+    Tensor::<Bk, D>::random(shape, Distribution::Uniform(-scale, scale), device).cast(dtype)
+}
+
+/// The report's name of a float dtype.
+fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        _ => "f32",
+    }
+}
+
+/// CubeCl through wgpu (Vulkan / SPIR-V where built with `vulkan`): `matmul` at M = 4096 and
+/// `linear_logp` forward and forward + backward, f16 (the dtype Vulkan cooperative matrices
+/// take), primitive calls; `impl=CubeClWgpu`.
+#[cfg(feature = "wgpu")]
+fn wgpu_cases() {
+    type W = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>;
+    let device = cubecl::wgpu::WgpuDevice::DefaultDevice;
+    let dtype = DType::F16;
+    let client = <cubecl::wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
+    println!(
+        "WGPU path: matmul {:?}; linear_logp on tensor cores: {}",
+        burn_invariant_cubecl::matmul_path(&client, dtype.into(), 4096, 4096),
+        burn_invariant_cubecl::linear_logp_tensor_cores(&client, dtype.into())
+    );
+    let prim = |t: &Tensor<W, 2>| t.clone().into_primitive().tensor();
+    let imp = Implementation::CubeCl;
+    for (k, n) in PROJECTIONS {
+        let m = 4096;
+        let lhs = random_as::<W, 2>([m, k], &device, 1.0, dtype);
+        let rhs = random_as::<W, 2>([k, n], &device, 0.05, dtype);
+        let s = time::<W>(&device, 10, 7, || {
+            let _ = W::invariant_matmul(prim(&lhs), prim(&rhs), None, imp);
+        });
+        let shape = format!("dtype={} m={m} k={k} n={n}", dtype_name(dtype));
+        report("matmul", "CubeClWgpu", &shape, s, 2.0 * (m * k * n) as f64);
+    }
+    logp_cases_as::<W>(&device, dtype, &[(imp, "CubeClWgpu")]);
 }
 
 fn matmul_cases<Bk: InvariantBackend>(device: &Bk::Device) {
@@ -110,10 +171,25 @@ fn matmul_cases<Bk: InvariantBackend>(device: &Bk::Device) {
 }
 
 fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
+    logp_cases_as::<Bk>(
+        device,
+        DType::BF16,
+        &[
+            (Implementation::Sm90, "Sm90"),
+            (Implementation::CubeCl, "CubeCl"),
+        ],
+    );
+}
+
+fn logp_cases_as<Bk: InvariantBackend>(
+    device: &Bk::Device,
+    dtype: DType,
+    imps: &[(Implementation, &str)],
+) {
     let (n, d) = (4096usize, 2048usize);
     for v in VOCABS {
-        let hidden = random::<Bk, 2>([n, d], device, 1.0);
-        let weight = random::<Bk, 2>([v, d], device, 0.05);
+        let hidden = random_as::<Bk, 2>([n, d], device, 1.0, dtype);
+        let weight = random_as::<Bk, 2>([v, d], device, 0.05, dtype);
         let targets: Tensor<Bk, 1, Int> = Tensor::from_data(
             TensorData::new(
                 (0..n as i64)
@@ -130,14 +206,14 @@ fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
             targets: targets.clone().into_primitive(),
             ignore_index: None,
         };
-        let shape = format!("dtype=bf16 n={n} d={d} v={v}");
+        let shape = format!("dtype={} n={n} d={d} v={v}", dtype_name(dtype));
         let flops = 2.0 * (n * d * v) as f64;
-        for imp in [Implementation::Sm90, Implementation::CubeCl] {
+        for &(imp, name) in imps {
             let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
             let s = time::<Bk>(device, 3, reps, || {
                 let _ = Bk::invariant_linear_logp(inputs(), imp);
             });
-            report("linear_logp_fwd", &format!("{imp:?}"), &shape, s, flops);
+            report("linear_logp_fwd", name, &shape, s, flops);
             let stats = Bk::invariant_linear_logp(inputs(), imp);
             let grad: Tensor<Bk, 2> =
                 Tensor::random([n, 2], Distribution::Uniform(-1.0, 1.0), device);
@@ -151,14 +227,160 @@ fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
                     imp,
                 );
             });
-            report(
-                "linear_logp_fwd_bwd",
-                &format!("{imp:?}"),
-                &shape,
-                s,
-                4.0 * flops,
-            );
+            report("linear_logp_fwd_bwd", name, &shape, s, 4.0 * flops);
             let _ = Tensor::<Bk, 2>::from_primitive(TensorPrimitive::Float(stats));
+        }
+    }
+}
+
+/// Forces `implementation` for the calls that follow (the registry reads the variable per call).
+fn force(implementation: Implementation) {
+    let name = match implementation {
+        Implementation::Sm90 => "sm90",
+        Implementation::CubeCl => "cubecl",
+        other => panic!("not timed here: {other:?}"),
+    };
+    // SAFETY: the report is single-threaded; nothing reads the environment concurrently.
+    unsafe { std::env::set_var("BURN_INVARIANT_IMPL", name) };
+}
+
+/// The public-API cases: `matmul` at M = 4096, `linear_logp` forward and forward + backward.
+fn api_cases<U: AutodiffBackend + InvariantBackend>(device: &U::Device)
+where
+    U::InnerBackend: InvariantBackend,
+{
+    let rand = |shape: [usize; 2], scale: f64| {
+        Tensor::<U, 2>::random(shape, Distribution::Uniform(-scale, scale), device)
+            .cast(DType::BF16)
+    };
+    for imp in [Implementation::Sm90, Implementation::CubeCl] {
+        force(imp);
+        let name = format!("{imp:?}Api");
+        for (k, n) in PROJECTIONS {
+            let m = 4096;
+            let (lhs, rhs) = (rand([m, k], 1.0), rand([k, n], 0.05));
+            let s = time::<U>(device, 10, 7, || {
+                let _ = burn_invariant::matmul(lhs.clone(), rhs.clone()).expect("matmul");
+            });
+            let shape = format!("dtype=bf16 m={m} k={k} n={n}");
+            report("matmul", &name, &shape, s, 2.0 * (m * k * n) as f64);
+        }
+        let (n, d) = (4096usize, 2048usize);
+        let opts = LinearLogpOptions::default().with_skip_target_check(true);
+        for v in VOCABS {
+            let hidden = rand([n, d], 1.0);
+            let weight = rand([v, d], 0.05);
+            let targets = Tensor::<U, 1, Int>::from_data(
+                TensorData::new((0..n as i64).map(|i| (i * 7919) % v as i64).collect(), [n]),
+                device,
+            );
+            let shape = format!("dtype=bf16 n={n} d={d} v={v}");
+            let flops = 2.0 * (n * d * v) as f64;
+            let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
+            let s = time::<U>(device, 3, reps, || {
+                let _ = burn_invariant::linear_logp(
+                    hidden.clone(),
+                    weight.clone(),
+                    targets.clone(),
+                    None,
+                    &opts,
+                )
+                .expect("linear_logp");
+            });
+            report("linear_logp_fwd", &name, &shape, s, flops);
+            let (h, w) = (hidden.clone().require_grad(), weight.clone().require_grad());
+            let s = time::<U>(device, 2, reps, || {
+                let logp =
+                    burn_invariant::linear_logp(h.clone(), w.clone(), targets.clone(), None, &opts)
+                        .expect("linear_logp");
+                let grads = logp.sum().backward();
+                let _ = (h.grad(&grads), w.grad(&grads));
+            });
+            report("linear_logp_fwd_bwd", &name, &shape, s, 4.0 * flops);
+        }
+    }
+    // SAFETY: as in `force`.
+    unsafe { std::env::remove_var("BURN_INVARIANT_IMPL") };
+}
+
+/// This process's device memory as `nvidia-smi` reports it, in MiB (None where it cannot tell).
+fn smi_mib() -> Option<u64> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ])
+        .output()
+        .ok()?;
+    let me = std::process::id().to_string();
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let mut f = l.split(',').map(str::trim);
+        (f.next()? == me).then(|| f.next()?.parse().ok())?
+    })
+}
+
+/// Device memory around one primitive forward + backward at D = 1024, V = 131072, bf16: cubecl's
+/// in-use and reserved bytes and `nvidia-smi`'s figure, before (inputs allocated) and after
+/// (gradients alive), beside the live bytes of the outputs and the largest workspace.
+#[cfg(feature = "cuda")]
+fn memory_cases(device: &cubecl::cuda::CudaDevice) {
+    use cubecl::Runtime;
+    let client = cubecl::cuda::CudaRuntime::client(device);
+    let usage = || client.memory_usage().expect("memory usage");
+    let (d, v) = (1024usize, 131072usize);
+    for imp in [Implementation::CubeCl, Implementation::Sm90] {
+        for n in [4096usize, 16384] {
+            let hidden = random::<B, 2>([n, d], device, 1.0);
+            let weight = random::<B, 2>([v, d], device, 0.05);
+            let targets: Tensor<B, 1, Int> = Tensor::from_data(
+                TensorData::new((0..n as i64).map(|i| (i * 7919) % v as i64).collect(), [n]),
+                device,
+            );
+            let grad: Tensor<B, 2> =
+                Tensor::random([n, 2], Distribution::Uniform(-1.0, 1.0), device);
+            B::sync(device).expect("sync");
+            let (before, smi_before) = (usage(), smi_mib());
+            let inputs = || LinearLogpInputs::<B> {
+                hidden: hidden.clone().into_primitive().tensor(),
+                weight: weight.clone().into_primitive().tensor(),
+                bias: None,
+                targets: targets.clone().into_primitive(),
+                ignore_index: None,
+            };
+            let stats = B::invariant_linear_logp(inputs(), imp);
+            let grads = B::invariant_linear_logp_backward(
+                inputs(),
+                stats,
+                grad.clone().into_primitive().tensor(),
+                GradRequest::ALL,
+                imp,
+            );
+            B::sync(device).expect("sync");
+            let (after, smi_after) = (usage(), smi_mib());
+            let ws = burn_invariant_cubecl::linear_logp_backward_workspace_len(
+                n,
+                d,
+                v,
+                DType::BF16.into(),
+                false,
+            )
+            .expect("workspace");
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            println!(
+                "MEMORY impl={imp:?} n={n} d={d} v={v} in_use_before_mib={:.0} in_use_after_mib={:.0} \
+                 reserved_before_mib={:.0} reserved_after_mib={:.0} growth_reserved_mib={:.0} \
+                 live_out_mib={:.0} cubecl_workspace_mib={:.0} smi_before_mib={:?} smi_after_mib={:?}",
+                mib(before.bytes_in_use),
+                mib(after.bytes_in_use),
+                mib(before.bytes_reserved),
+                mib(after.bytes_reserved),
+                mib(after.bytes_reserved.saturating_sub(before.bytes_reserved)),
+                mib(after.bytes_in_use.saturating_sub(before.bytes_in_use)),
+                mib(4 * ws as u64),
+                smi_before,
+                smi_after,
+            );
+            drop(grads);
         }
     }
 }
@@ -182,6 +404,16 @@ fn main() {
         }
         if filter.is_empty() || filter == "logp" {
             logp_cases::<B>(&device);
+        }
+        if filter.is_empty() || filter == "api" {
+            api_cases::<User>(&device);
+        }
+        if filter == "memory" {
+            memory_cases(&device);
+        }
+        #[cfg(feature = "wgpu")]
+        if filter == "wgpu" {
+            wgpu_cases();
         }
     }
     #[cfg(not(feature = "cuda"))]
