@@ -47,6 +47,11 @@
 //!   O(N) f32 workspace) are merged in ascending segment order. Backward recomputes the logits
 //!   tile by tile into a scratch bounded by `BWD_ROW_CHUNK × BWD_VOCAB_CHUNK` f32 (4 MiB).
 //!   No `[N, V]` buffer exists at any time.
+//! * Tensor cores ([`linear_logp_tensor_cores`]: f16/bf16 where the cmma GEMM runs): the logits of
+//!   fixed (row, vocabulary) chunks come from the cmma GEMM (f32 out, bias in f32) into a bounded
+//!   scratch; a scan reduces each segment of a row in a fixed order into the same partials; the
+//!   backward computes `dz` from the recomputed logits, rounds it once to the input dtype, and runs
+//!   `dHidden`/`dWeight` as cmma GEMMs accumulating in f32 over fixed chunks in ascending order.
 //! * `logp_i`, `lse_i` and `dHidden_i` depend only on row i (and the weight, bias, and row i's
 //!   upstream gradient). `dWeight`/`dBias` reduce rows in ascending order and ignore rows whose
 //!   upstream gradients are zero (bitwise).

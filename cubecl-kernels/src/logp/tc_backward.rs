@@ -185,7 +185,7 @@ fn launch_mask_hidden<R: Runtime>(
             rs as u32,
             c.d as u32,
             c.v as u32,
-            g.ignore.clone(),
+            g.ignore,
             c.ignore.is_some(),
             [c.dt.storage(), c.it.storage()],
         );
@@ -228,7 +228,7 @@ fn launch_dz<R: Runtime>(
             cs as u32,
             ch as u32,
             c.v as u32,
-            g.ignore.clone(),
+            g.ignore,
             c.ignore.is_some(),
             [c.dt.storage(), c.it.storage()],
         );

@@ -255,7 +255,7 @@ pub(crate) fn store_manual<F: Float, O: Float>(
                         }
                         let o = o_off + row * o_s0 + col * o_s1;
                         if comptime![cfg.accumulate] {
-                            v = f32::cast_from(out[o]) + v;
+                            v += f32::cast_from(out[o]);
                         }
                         out[o] = O::cast_from(v);
                     }
@@ -438,7 +438,7 @@ pub(crate) fn store_wmma<F: Float, O: Float>(
                     }
                     let o = o_off + row * o_s0 + col * o_s1;
                     if comptime![cfg.accumulate] {
-                        v = f32::cast_from(out[o]) + v;
+                        v += f32::cast_from(out[o]);
                     }
                     out[o] = O::cast_from(v);
                 }
