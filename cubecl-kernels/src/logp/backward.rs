@@ -1,5 +1,6 @@
-//! The backward: per fixed (row chunk, vocabulary chunk), the `dz` tile into an f32 scratch, then
-//! `dHidden`, `dWeight` and `dBias` accumulated from it in f32, in ascending chunk order.
+//! The backward: per fixed (vocabulary chunk, row chunk), the `dz` tile into an f32 scratch, then
+//! `dHidden`, `dWeight` and `dBias` accumulated from it in f32, in ascending chunk order; or the
+//! tensor-core path of `tc_backward.rs`.
 
 use super::inputs::tensor_core_choice;
 use super::inputs::{
@@ -31,15 +32,20 @@ use cubecl::prelude::*;
 /// upstream gradients are both zero has `dz = 0` exactly; a target outside `[0, V)` that is not
 /// ignored simply matches no column.
 ///
-/// Host loop over fixed row chunks (`BWD_ROW_CHUNK`) × vocab chunks (`BWD_VOCAB_CHUNK`), both
-/// ascending: (1) the `dz` chunk goes to an f32 scratch; (2) `dH[chunk] (+)= dz · W[vchunk]` —
+/// FMA path (f32, and f16/bf16 without cooperative matrices): host loop over fixed vocab chunks
+/// (`BWD_VOCAB_CHUNK`, outer) × row chunks (`BWD_ROW_CHUNK`, inner), both ascending: (1) the `dz`
+/// chunk goes to an f32 scratch; (2) `dH[chunk] (+)= dz · W[vchunk]` —
 /// one continuous f32 fma chain per element over `j = 0..V` ascending (the accumulator is carried
 /// across vocab chunks), so `dHidden[i]` depends only on row i; (3) `dW[vchunk] (+)= dzᵀ ·
 /// H[chunk]` — one continuous f32 fma chain over `i = 0..N` ascending, terms with `dz == 0`
 /// skipped (appending zero-gradient rows leaves dW bitwise unchanged); (4) `dB[vchunk] (+)=
 /// Σ_i dz` ascending. The results do not depend on the chunk sizes. f32 gradients accumulate in
-/// the outputs directly; f16/bf16 accumulate in the f32 workspace and are rounded once at the
-/// end. Extra memory: the workspace of [`linear_logp_backward_workspace_len`]; no float atomics.
+/// the outputs directly; f16/bf16 accumulate in the f32 workspace and are rounded once (`dWeight`
+/// when its vocab chunk is done, so only one chunk of it is held in f32). Where
+/// [`crate::linear_logp_tensor_cores`] holds, the tensor-core path runs instead (logits and both
+/// gradient products on the cmma GEMM, `dz` rounded once to the input dtype; see
+/// `tc_backward.rs`). Extra memory: the workspace of [`linear_logp_backward_workspace_len`]; no
+/// float atomics.
 pub fn linear_logp_backward<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &LogpInputRefs<'_, R>,

@@ -31,6 +31,11 @@ use cubecl::prelude::*;
 /// [`linear_logp_forward_workspace_len`] f32) are merged in ascending segment order by a second
 /// kernel: `m' = max(m, m_s)`, `s' = s·exp(m − m') + s_s·exp(m_s − m')`, `lse = m + ln(s)`.
 /// Nothing depends on N or on the device's core count.
+///
+/// Where [`crate::linear_logp_tensor_cores`] holds (f16/bf16 with the cmma GEMM), the logits come
+/// from the cmma GEMM (f32, 16-deep MMA steps in ascending d, bias added in f32) chunk by chunk
+/// into the workspace, and each (row, segment) partial from a scan in a fixed order (see
+/// `tc_forward.rs`); the merge is the same.
 pub fn linear_logp_forward<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &LogpInputRefs<'_, R>,
