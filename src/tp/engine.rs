@@ -17,7 +17,7 @@ use crate::InvariantError;
 use crate::backend::{
     Collective, CollectiveLogp, GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs,
 };
-use crate::backends::generic::{float_primitive as raw, float_tensor as wrap};
+use crate::backends::generic::{float_primitive, float_tensor};
 use crate::registry::Implementation;
 
 /// The engine of one validated call: the plan of this rank and the implementation every
@@ -64,7 +64,10 @@ impl CollectiveLogp for Engine {
 const SENTINEL: i64 = -1;
 
 fn merge_lse<B: InvariantBackend>(a: Tensor<B, 1>, b: Tensor<B, 1>) -> Tensor<B, 1> {
-    wrap(B::invariant_tp_merge_lse(raw(a), raw(b)))
+    float_tensor(B::invariant_tp_merge_lse(
+        float_primitive(a),
+        float_primitive(b),
+    ))
 }
 
 /// One rank's inputs.
@@ -83,12 +86,12 @@ struct Ctx<B: InvariantBackend> {
 
 impl<B: InvariantBackend> Ctx<B> {
     fn new(inputs: LinearLogpInputs<B>, plan: &Plan, implementation: Implementation) -> Self {
-        let hidden: Tensor<B, 2> = wrap(inputs.hidden.clone());
+        let hidden: Tensor<B, 2> = float_tensor(inputs.hidden.clone());
         let [n, d] = hidden.dims();
         Self {
             hidden: inputs.hidden,
-            weight: wrap(inputs.weight),
-            bias: inputs.bias.map(wrap),
+            weight: float_tensor(inputs.weight),
+            bias: inputs.bias.map(float_tensor),
             targets: inputs.targets,
             ignore_index: inputs.ignore_index,
             offset: plan.shard().0,
@@ -112,8 +115,11 @@ impl<B: InvariantBackend> Ctx<B> {
         let (a, b) = (start - self.offset, end - self.offset);
         LinearLogpInputs {
             hidden: self.hidden.clone(),
-            weight: raw(self.weight.clone().slice([a..b, 0..self.d])),
-            bias: self.bias.clone().map(|bias| raw(bias.slice(a..b))),
+            weight: float_primitive(self.weight.clone().slice([a..b, 0..self.d])),
+            bias: self
+                .bias
+                .clone()
+                .map(|bias| float_primitive(bias.slice(a..b))),
             targets: B::invariant_tp_leaf_targets(
                 self.targets.clone(),
                 start,
@@ -136,7 +142,7 @@ fn forward<B: InvariantBackend, G: Collective<B>>(
     let mut trace = Trace::<B>::start(&ctx.device);
     if ctx.n == 0 {
         // Every rank has N = 0 (validated), so every rank skips the exchange.
-        return Ok(raw(Tensor::<B, 2>::zeros(
+        return Ok(float_primitive(Tensor::<B, 2>::zeros(
             [0, 2],
             (&ctx.device, DType::F32),
         )));
@@ -170,7 +176,7 @@ fn forward_leaves<B: InvariantBackend>(ctx: &Ctx<B>, plan: &Plan) -> Tensor<B, 2
             stats.clone(),
             leaf_targets,
         ));
-        wrap::<B, 2>(stats).slice([0..n, 1..2]).reshape([n])
+        float_tensor::<B, 2>(stats).slice([0..n, 1..2]).reshape([n])
     };
     let identity = || ctx.f32_full(f32::NEG_INFINITY);
     let mut rows: Vec<Tensor<B, 2>> = plan
@@ -189,7 +195,10 @@ fn forward_leaves<B: InvariantBackend>(ctx: &Ctx<B>, plan: &Plan) -> Tensor<B, 2
         ));
     }
     // A rank holds at least one leaf (shards are non-empty).
-    rows.push(picks.map_or_else(|| Tensor::zeros([2, n], (&ctx.device, DType::F32)), wrap));
+    rows.push(picks.map_or_else(
+        || Tensor::zeros([2, n], (&ctx.device, DType::F32)),
+        float_tensor,
+    ));
     Tensor::cat(rows, 0)
 }
 
@@ -216,8 +225,8 @@ fn forward_combine<B: InvariantBackend>(
     let picks = (1..world).fold(picks_of(0), |acc, rank| acc + picks_of(rank));
     let global_vocab = plan.shards[world - 1].1;
     B::invariant_tp_finish(
-        raw(picks),
-        raw(lse),
+        float_primitive(picks),
+        float_primitive(lse),
         ctx.targets.clone(),
         global_vocab,
         ctx.ignore_index,
@@ -247,13 +256,15 @@ fn backward<B: InvariantBackend, G: Collective<B>>(
     let mut trace = Trace::<B>::start(&ctx.device);
     if ctx.n == 0 {
         // No rows, no exchange (N = 0 on every rank): all gradients are zero.
-        let zeros = |t: &Tensor<B, 2>| raw(t.zeros_like());
+        let zeros = |t: &Tensor<B, 2>| float_primitive(t.zeros_like());
         return Ok(LinearLogpGrads {
-            hidden: request.hidden.then(|| zeros(&wrap(ctx.hidden.clone()))),
+            hidden: request
+                .hidden
+                .then(|| zeros(&float_tensor(ctx.hidden.clone()))),
             weight: request.weight.then(|| zeros(&ctx.weight)),
             bias: (ctx.bias.as_ref())
                 .filter(|_| request.bias)
-                .map(|b| raw(b.zeros_like())),
+                .map(|b| float_primitive(b.zeros_like())),
         });
     }
     let local = backward_leaves(ctx, stats, grad, request, plan);
@@ -268,16 +279,16 @@ fn backward<B: InvariantBackend, G: Collective<B>>(
     let cat = |parts: Vec<FloatTensor<B>>| match parts.len() {
         0 => None,
         1 => parts.into_iter().next(),
-        _ => Some(raw(Tensor::<B, 2>::cat(
-            parts.into_iter().map(wrap).collect(),
+        _ => Some(float_primitive(Tensor::<B, 2>::cat(
+            parts.into_iter().map(float_tensor).collect(),
             0,
         ))),
     };
-    let weight = cat(local.weights.into_iter().map(raw).collect());
+    let weight = cat(local.weights.into_iter().map(float_primitive).collect());
     let bias = match local.biases.len() {
         0 => None,
-        1 => local.biases.into_iter().next().map(raw),
-        _ => Some(raw(Tensor::cat(local.biases, 0))),
+        1 => local.biases.into_iter().next().map(float_primitive),
+        _ => Some(float_primitive(Tensor::cat(local.biases, 0))),
     };
     trace.mark("backward combine");
     Ok(LinearLogpGrads {
@@ -297,7 +308,7 @@ fn backward_leaves<B: InvariantBackend>(
     request: GradRequest,
     plan: &Plan,
 ) -> LocalGrads<B> {
-    let grad = raw(wrap::<B, 2>(grad).cast(DType::F32));
+    let grad = float_primitive(float_tensor::<B, 2>(grad).cast(DType::F32));
     let leaf_request = GradRequest {
         bias: request.bias && ctx.bias.is_some(),
         ..request
@@ -311,9 +322,11 @@ fn backward_leaves<B: InvariantBackend>(
             leaf_request,
             ctx.implementation,
         );
-        weights.extend(grads.weight.map(wrap::<B, 2>));
-        biases.extend(grads.bias.map(wrap::<B, 1>));
-        grads.hidden.map(|h| wrap::<B, 2>(h).cast(DType::F32))
+        weights.extend(grads.weight.map(float_tensor::<B, 2>));
+        biases.extend(grads.bias.map(float_tensor::<B, 1>));
+        grads
+            .hidden
+            .map(|h| float_tensor::<B, 2>(h).cast(DType::F32))
     };
     let identity = || request.hidden.then(|| ctx.f32_zeros_nd());
     let hidden = plan
@@ -363,6 +376,6 @@ fn exchange_d_hidden<B: InvariantBackend, G: Collective<B>>(
     };
     let identity = || ctx.f32_zeros_nd();
     let sum = plan.eval_global(&get, &identity, &|a, b| a + b);
-    let hidden_dtype = wrap::<B, 2>(ctx.hidden.clone()).dtype();
-    Ok(raw(sum.cast(hidden_dtype)))
+    let hidden_dtype = float_tensor::<B, 2>(ctx.hidden.clone()).dtype();
+    Ok(float_primitive(sum.cast(hidden_dtype)))
 }
