@@ -89,6 +89,12 @@ fn random_as<Bk: Backend, const D: usize>(
     Tensor::<Bk, D>::random(shape, Distribution::Uniform(-scale, scale), device).cast(dtype)
 }
 
+/// `n` targets spread over the vocabulary: `(7919 · i) mod v`.
+fn spread_targets<Bk: Backend>(n: usize, v: usize, device: &Bk::Device) -> Tensor<Bk, 1, Int> {
+    let values: Vec<i64> = (0..n as i64).map(|i| (i * 7919) % v as i64).collect();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
 /// The report's name of a float dtype.
 fn dtype_name(dtype: DType) -> &'static str {
     match dtype {
@@ -190,15 +196,7 @@ fn logp_cases_as<Bk: InvariantBackend>(
     for v in VOCABS {
         let hidden = random_as::<Bk, 2>([n, d], device, 1.0, dtype);
         let weight = random_as::<Bk, 2>([v, d], device, 0.05, dtype);
-        let targets: Tensor<Bk, 1, Int> = Tensor::from_data(
-            TensorData::new(
-                (0..n as i64)
-                    .map(|i| (i * 7919) % v as i64)
-                    .collect::<Vec<_>>(),
-                [n],
-            ),
-            device,
-        );
+        let targets = spread_targets::<Bk>(n, v, device);
         let inputs = || LinearLogpInputs::<Bk> {
             hidden: hidden.clone().into_primitive().tensor(),
             weight: weight.clone().into_primitive().tensor(),
@@ -270,10 +268,7 @@ where
         for v in VOCABS {
             let hidden = rand([n, d], 1.0);
             let weight = rand([v, d], 0.05);
-            let targets = Tensor::<U, 1, Int>::from_data(
-                TensorData::new((0..n as i64).map(|i| (i * 7919) % v as i64).collect(), [n]),
-                device,
-            );
+            let targets = spread_targets::<U>(n, v, device);
             let shape = format!("dtype=bf16 n={n} d={d} v={v}");
             let flops = 2.0 * (n * d * v) as f64;
             let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
@@ -332,10 +327,7 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
         for n in [4096usize, 16384] {
             let hidden = random::<B, 2>([n, d], device, 1.0);
             let weight = random::<B, 2>([v, d], device, 0.05);
-            let targets: Tensor<B, 1, Int> = Tensor::from_data(
-                TensorData::new((0..n as i64).map(|i| (i * 7919) % v as i64).collect(), [n]),
-                device,
-            );
+            let targets = spread_targets::<B>(n, v, device);
             let grad: Tensor<B, 2> =
                 Tensor::random([n, 2], Distribution::Uniform(-1.0, 1.0), device);
             B::sync(device).expect("sync");

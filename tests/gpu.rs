@@ -46,18 +46,7 @@ fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::
 
 #[cfg(feature = "wgpu")]
 mod wgpu {
-    use super::*;
-    use burn_wgpu::{WgpuDevice, WgpuRuntime};
-
-    pub fn device() -> Option<WgpuDevice> {
-        static CELL: OnceLock<Option<WgpuDevice>> = OnceLock::new();
-        probe(&CELL, "wgpu", "BURN_INVARIANT_REQUIRE_WGPU", || {
-            let device = WgpuDevice::DefaultDevice;
-            // Creating the client panics when no adapter exists.
-            let _ = <WgpuRuntime as cubecl::Runtime>::client(&device);
-            Some(device)
-        })
-    }
+    pub use super::common::wgpu_device as device;
 
     mod raw {
         use super::super::common;

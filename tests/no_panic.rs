@@ -190,15 +190,9 @@ fn ndarray_public_calls_never_panic() {
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_public_calls_never_panic() {
-    use burn_wgpu::{WgpuDevice, WgpuRuntime};
-    use std::sync::OnceLock;
+    use burn_wgpu::WgpuRuntime;
     type B = burn::backend::Autodiff<burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>>;
-    static CELL: OnceLock<Option<WgpuDevice>> = OnceLock::new();
-    let Some(device) = common::probe(&CELL, "wgpu", "BURN_INVARIANT_REQUIRE_WGPU", || {
-        let device = WgpuDevice::DefaultDevice;
-        let _ = <WgpuRuntime as cubecl::Runtime>::client(&device);
-        Some(device)
-    }) else {
+    let Some(device) = common::wgpu_device() else {
         return;
     };
     type Fused = burn::backend::Autodiff<

@@ -168,24 +168,15 @@ mod ndarray {
 
 #[cfg(feature = "wgpu")]
 mod wgpu {
-    use std::sync::OnceLock;
-
     use burn::tensor::IntDType;
-    use burn_wgpu::{WgpuDevice, WgpuRuntime};
+    use burn_wgpu::WgpuRuntime;
 
     type Raw = burn::backend::Autodiff<burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>>;
     type Fused = burn::backend::Autodiff<
         burn_fusion::Fusion<burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>>,
     >;
 
-    fn device() -> Option<WgpuDevice> {
-        static CELL: OnceLock<Option<WgpuDevice>> = OnceLock::new();
-        super::common::probe(&CELL, "wgpu", "BURN_INVARIANT_REQUIRE_WGPU", || {
-            let device = WgpuDevice::DefaultDevice;
-            let _ = <WgpuRuntime as cubecl::Runtime>::client(&device);
-            Some(device)
-        })
-    }
+    use super::common::wgpu_device as device;
 
     #[test]
     fn targets_of_every_int_dtype() {

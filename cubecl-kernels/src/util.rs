@@ -283,3 +283,11 @@ pub(crate) fn check_grid<R: Runtime>(
 pub(crate) fn raw_arg<R: Runtime>(t: &TensorBinding<R>) -> TensorArg<R> {
     t.clone().into_tensor_arg()
 }
+
+/// `(start, len)` of the fixed chunks of `size` that cover `0..total`, ascending (none when
+/// `total` is 0).
+pub(crate) fn chunks(total: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..total)
+        .step_by(size.max(1))
+        .map(move |start| (start, size.min(total - start)))
+}

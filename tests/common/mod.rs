@@ -1176,3 +1176,16 @@ pub fn probe<D: Clone + Send + Sync + 'static>(
     })
     .clone()
 }
+
+/// The default wgpu device, probed once per test binary (`None`, with a notice, where no adapter
+/// exists, unless `BURN_INVARIANT_REQUIRE_WGPU=1`).
+#[cfg(feature = "wgpu")]
+pub fn wgpu_device() -> Option<burn_wgpu::WgpuDevice> {
+    static CELL: std::sync::OnceLock<Option<burn_wgpu::WgpuDevice>> = std::sync::OnceLock::new();
+    probe(&CELL, "wgpu", "BURN_INVARIANT_REQUIRE_WGPU", || {
+        let device = burn_wgpu::WgpuDevice::DefaultDevice;
+        // Creating the client panics when no adapter exists.
+        let _ = <burn_wgpu::WgpuRuntime as cubecl::Runtime>::client(&device);
+        Some(device)
+    })
+}

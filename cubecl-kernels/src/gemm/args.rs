@@ -64,6 +64,23 @@ pub(crate) struct Vec1<'a, R: Runtime> {
     pub stride: u32,
 }
 
+impl<'a, R: Runtime> Vec1<'a, R> {
+    /// This vector from element `index` on; `arg` names the buffer in the error if the offset
+    /// passes 32 bits.
+    pub(crate) fn elements_from(
+        &self,
+        arg: &'static str,
+        index: usize,
+    ) -> Result<Self, KernelError> {
+        let offset = self.offset as usize + index * self.stride as usize;
+        Ok(Vec1 {
+            buf: self.buf,
+            offset: to_u32(arg, "offset", offset)?,
+            stride: self.stride,
+        })
+    }
+}
+
 /// The launch scalars of the GEMM kernels: M, K, N in 32 bits, and the bias binding, offset and
 /// stride (the rhs stands in, never read, when there is no bias).
 pub(crate) type BiasArg<'a, R> = (&'a TensorBinding<R>, u32, u32);

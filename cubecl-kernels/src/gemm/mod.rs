@@ -110,21 +110,24 @@ pub fn matmul_path<R: Runtime>(
     let _ = (k, n);
     let dt = FloatDType::from_storage("dtype", dtype)?;
     check_runtime_dtype(client, "dtype", dt.storage())?;
-    if dt != FloatDType::F32 && cmma_supported(client, dt.storage()) {
-        let manual_mma = manual_mma_supported(client, dt.storage());
-        Ok(GemmPath::Cmma {
+    Ok(path_of(pinned_cmma(client, dt.storage())))
+}
+
+/// The [`GemmPath`] a pinned choice runs (`None`: the FMA kernel).
+fn path_of(choice: Option<CmmaChoice>) -> GemmPath {
+    match choice {
+        Some(choice) => GemmPath::Cmma {
             frag_m: CMMA_FRAG as u32,
             frag_n: CMMA_FRAG as u32,
             frag_k: CMMA_FRAG as u32,
-            block_m: CMMA_TILE.bm as u32,
-            block_n: CMMA_TILE.bn as u32,
-            block_k: CMMA_TILE.bk as u32,
-            plane_size: client.properties().hardware.plane_size_max,
-            manual_mma,
-            async_tile: async_tile(client, manual_mma, CMMA_ASYNC_TILE, dt.size()),
-        })
-    } else {
-        Ok(GemmPath::Fma)
+            block_m: choice.tile.bm as u32,
+            block_n: choice.tile.bn as u32,
+            block_k: choice.tile.bk as u32,
+            plane_size: choice.plane_size,
+            manual_mma: choice.manual_mma,
+            async_tile: choice.async_tile,
+        },
+        None => GemmPath::Fma,
     }
 }
 
@@ -185,8 +188,8 @@ pub fn matmul<R: Runtime>(
     dtype: StorageType,
 ) -> Result<GemmPath, KernelError> {
     let (c, [lv, rv, ov], bv) = check_gemm(client, lhs, rhs, bias, out, dtype)?;
-    let path = matmul_path(client, dtype, c.k, c.n)?;
     let st = c.dt.storage();
+    let choice = pinned_cmma(client, st);
     let (lm, rm, om) = (
         Mat::dense(lhs, st, &lv),
         Mat::dense(rhs, st, &rv),
@@ -207,11 +210,11 @@ pub fn matmul<R: Runtime>(
         out: om,
     };
     let dims = [c.m, c.k, c.n];
-    match pinned_cmma(client, st) {
-        Some(choice) => launch_cmma(client, &ops, dims, &choice, false)?,
+    match &choice {
+        Some(choice) => launch_cmma(client, &ops, dims, choice, false)?,
         None => launch_fma(client, &ops, dims, false, SKIP_NONE)?,
     }
-    Ok(path)
+    Ok(path_of(choice))
 }
 
 /// The pinned cmma choice for f16 / bf16 `dtype` where the cmma path runs on this client

@@ -7,11 +7,11 @@ use super::inputs::{
     Checked, LogpGradRefs, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
     linear_logp_backward_workspace_len, view,
 };
-use super::logits::{logits_block, resolve_target};
-use super::tc_backward::{Accumulators, TcScratch, tc_backward};
+use super::logits::{logits_block, row_gradients};
+use super::tc_backward::{Accumulators, tc_backward};
+use super::workspace::{TcScratch, accumulators_end, dw_chunk_rows};
 use crate::consts::{
     BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, FMA_MICRO, FMA_THREADS, LOGP_ROWS, LOGP_VOCAB_TILE,
-    TC_BWD_VOCAB,
 };
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, Mat, Vec1};
@@ -20,7 +20,7 @@ use crate::gemm::col_sum::launch_col_sum;
 use crate::gemm::fma::{FmaMode, SKIP_NONE, SKIP_ZERO_LHS, fma_mode, launch_fma};
 use crate::gemm::view::StridedView;
 use crate::util::{
-    FloatDType, View, check_grid, check_out_view, check_view, expect_shape, raw_arg, to_u32,
+    FloatDType, View, check_grid, check_out_view, check_view, chunks, expect_shape, raw_arg, to_u32,
 };
 use cubecl::prelude::*;
 
@@ -78,25 +78,15 @@ pub fn linear_logp_backward<R: Runtime>(
         )?;
         return b.round_accumulators();
     }
-    let mut cs = 0usize;
-    while cs < b.c.v {
-        let ch = b.cols_c.min(b.c.v - cs);
-        let mut rs = 0usize;
-        while rs < b.c.n {
-            let chunk = Chunk {
-                rs,
-                rh: b.rows_c.min(b.c.n - rs),
-                cs,
-                ch,
-            };
+    for (cs, ch) in chunks(b.c.v, b.cols_c) {
+        for (rs, rh) in chunks(b.c.n, b.rows_c) {
+            let chunk = Chunk { rs, rh, cs, ch };
             b.launch_dz(chunk)?;
             b.accumulate_d_hidden(chunk)?;
             b.accumulate_d_weight(chunk)?;
             b.accumulate_d_bias(chunk)?;
-            rs += chunk.rh;
         }
         b.flush_d_weight(cs, ch)?;
-        cs += ch;
     }
     b.round_accumulators()
 }
@@ -341,7 +331,6 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
                 0,
                 self.bias.1 as u32,
                 raw_arg(self.inputs.targets),
-                0,
                 c.tv.stride(0) as u32,
                 raw_arg(self.stats),
                 view(sv.stride(0), sv.stride(1), 0),
@@ -416,15 +405,7 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
         let Some(db) = &self.db else {
             return Ok(());
         };
-        let out = Vec1 {
-            buf: db.buf,
-            offset: to_u32(
-                "d_bias",
-                "offset",
-                db.offset as usize + k.cs * db.stride as usize,
-            )?,
-            stride: db.stride,
-        };
+        let out = db.elements_from("d_bias", k.cs)?;
         let f32t = FloatDType::F32.storage();
         launch_col_sum(
             self.client,
@@ -499,7 +480,6 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
     bias_off: u32,
     bias_stride: u32,
     targets: &Tensor<I>,
-    t_off: u32,
     t_stride: u32,
     stats: &Tensor<f32>,
     so: StridedView,
@@ -552,17 +532,8 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
         let row = row0 + ty + r * FMA_THREADS;
         if row < m_end {
             let lse = stats[so.offset as usize + row * so.s0 as usize + so.s1 as usize];
-            let gbase = go.offset as usize + row * go.s0 as usize;
-            let g_logp = grad[gbase];
-            let g_lse = grad[gbase + go.s1 as usize];
-            let tgt = resolve_target::<I>(
-                targets[t_off as usize + row * t_stride as usize],
-                v,
-                ignore.get::<I>(),
-                has_ignore,
-            );
-            let gl = select(tgt == -1i32, 0.0f32, g_logp);
-            let zero_row = gl == 0.0f32 && g_lse == 0.0f32;
+            let (gl, g_lse, tgt, zero_row) =
+                row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
             let has_tgt = tgt >= 0i32;
             let tgt_u = usize::cast_from(select(has_tgt, tgt, 0i32));
             #[unroll]
@@ -579,19 +550,4 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
             }
         }
     }
-}
-
-/// Rows of the f16 / bf16 `dWeight` accumulator: one vocabulary chunk (both paths' chunks are at
-/// most `BWD_VOCAB_CHUNK` wide).
-pub(crate) fn dw_chunk_rows(v: usize) -> usize {
-    v.min(BWD_VOCAB_CHUNK.max(TC_BWD_VOCAB))
-}
-
-/// f32 elements of the f16 / bf16 workspace before the tensor-core scratch: the FMA `dz`
-/// scratch, `dHidden` `[N, D]`, one chunk of `dWeight`, `dBias` `[V]`.
-pub(crate) fn accumulators_end(n: usize, d: usize, v: usize, has_bias: bool) -> usize {
-    n.min(BWD_ROW_CHUNK) * v.min(BWD_VOCAB_CHUNK)
-        + n * d
-        + dw_chunk_rows(v) * d
-        + if has_bias { v } else { 0 }
 }

@@ -3,11 +3,11 @@
 
 use super::inputs::{
     Checked, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
-    linear_logp_forward_workspace_len, linear_logp_num_segments, partials_len, tensor_core_choice,
-    view,
+    linear_logp_forward_workspace_len, linear_logp_num_segments, tensor_core_choice, view,
 };
 use super::logits::{logits_block, resolve_target, stage_logits};
 use super::tc_forward::tc_forward_partials;
+use super::workspace::partials_len;
 use crate::consts::{
     FMA_MICRO, FMA_THREADS, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, LOGP_ROWS, LOGP_VOCAB_TILE,
 };

@@ -1,9 +1,10 @@
 //! What both directions take: the input bindings, their checks, and the workspace sizes.
 
-use super::backward::accumulators_end;
-use super::tc_backward::TcScratch;
-use super::tc_forward::tc_forward_scratch_len;
-use crate::consts::{BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE};
+pub use super::workspace::linear_logp_num_segments;
+use super::workspace::{
+    TcScratch, accumulators_end, is_half, partials_len, tc_forward_scratch_len,
+};
+use crate::consts::{BWD_ROW_CHUNK, BWD_VOCAB_CHUNK};
 use crate::error::KernelError;
 use crate::gemm::view::StridedViewLaunch;
 use crate::util::{
@@ -40,11 +41,6 @@ pub struct LogpGradRefs<'a, R: Runtime> {
     pub d_bias: Option<&'a TensorBinding<R>>,
 }
 
-/// Number of vocabulary segments the forward uses: `ceil(V / LOGP_FWD_SEGMENT)`.
-pub fn linear_logp_num_segments(v: usize) -> usize {
-    v.div_ceil(LOGP_FWD_SEGMENT)
-}
-
 /// f32 elements of workspace [`crate::linear_logp_forward`] needs for `dtype`: the segment
 /// partials, `num_segments(V) · N · 3`, and for f16 / bf16 the tensor-core path's logits scratch,
 /// `min(N, TC_FWD_ROWS) · min(V, TC_FWD_VOCAB)` (at most 64 MiB).
@@ -55,17 +51,6 @@ pub fn linear_logp_forward_workspace_len(n: usize, v: usize, dtype: StorageType)
     } else {
         partials
     }
-}
-
-pub(crate) fn partials_len(n: usize, v: usize) -> usize {
-    linear_logp_num_segments(v) * n * LOGP_PARTIAL_STRIDE
-}
-
-fn is_half(dtype: StorageType) -> bool {
-    matches!(
-        FloatDType::from_storage("dtype", dtype),
-        Ok(FloatDType::F16 | FloatDType::BF16)
-    )
 }
 
 /// f32 elements of workspace [`crate::linear_logp_backward`] needs:

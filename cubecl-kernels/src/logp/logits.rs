@@ -1,4 +1,4 @@
-//! The logits both directions recompute, and target resolution.
+//! The logits both directions recompute, target resolution, and a row's upstream gradients.
 // #[cube] functions take each tensor and index as its own argument (they are expanded inline).
 #![allow(clippy::too_many_arguments)]
 
@@ -23,6 +23,32 @@ pub(crate) fn resolve_target<I: Int>(t: I, v: u32, ignore: I, #[comptime] has_ig
         res = i32::cast_from(t);
     }
     res
+}
+
+/// Row `row`'s upstream gradients `(g_logp, g_lse)` (the `g_logp` part dropped where the row is
+/// ignored), its resolved target, and whether both gradients are zero (the row then contributes
+/// exactly nothing).
+#[cube]
+pub(crate) fn row_gradients<I: Int>(
+    targets: &Tensor<I>,
+    t_stride: u32,
+    grad: &Tensor<f32>,
+    go: &StridedView,
+    row: usize,
+    v: u32,
+    ignore: InputScalar,
+    #[comptime] has_ignore: bool,
+) -> (f32, f32, i32, bool) {
+    let gbase = go.offset as usize + row * go.s0 as usize;
+    let tgt = resolve_target::<I>(
+        targets[row * t_stride as usize],
+        v,
+        ignore.get::<I>(),
+        has_ignore,
+    );
+    let gl = select(tgt == -1i32, 0.0f32, grad[gbase]);
+    let g_lse = grad[gbase + go.s1 as usize];
+    (gl, g_lse, tgt, gl == 0.0f32 && g_lse == 0.0f32)
 }
 
 /// Compute the logits block `z[row0.., col0..]` (64×64, f32, bias added) into the caller's

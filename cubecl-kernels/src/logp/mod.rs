@@ -7,6 +7,7 @@ mod inputs;
 mod logits;
 mod tc_backward;
 mod tc_forward;
+mod workspace;
 
 pub use backward::linear_logp_backward;
 pub use forward::linear_logp_forward;

@@ -9,51 +9,20 @@
 
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar, view};
-use super::logits::resolve_target;
+use super::logits::row_gradients;
 use super::tc_forward::logits_chunk;
+use super::workspace::TcScratch;
 use crate::consts::{TC_BWD_ROWS, TC_BWD_VOCAB};
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, Mat, Vec1};
 use crate::gemm::col_sum::launch_col_sum;
 use crate::gemm::view::StridedView;
-use crate::util::{FloatDType, View, check_grid, raw_arg, to_u32};
+use crate::util::{FloatDType, View, check_grid, chunks, raw_arg, to_u32};
 use cubecl::prelude::*;
 
 /// Units per cube of the element-wise kernels, and columns each unit takes.
 const EW_UNITS: usize = 256;
 const EW_PER_UNIT: usize = 4;
-
-/// Where the tensor-core backward's scratch lies in the f32 workspace, in f32 elements from its
-/// start (the half-precision buffers at 16-byte aligned offsets).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TcScratch {
-    /// `[rows_c, cols_c]` f32: the logits, then `dz`.
-    pub z: usize,
-    /// `[rows_c, cols_c]` of the input dtype: `dz` rounded once.
-    pub dz_half: usize,
-    /// `[rows_c, D]` of the input dtype: the chunk's hidden rows, zero-gradient rows zeroed.
-    pub hidden_half: usize,
-    /// f32 elements in all.
-    pub len: usize,
-}
-
-impl TcScratch {
-    /// The layout for N, D, V, starting at f32 offset `start`.
-    pub(crate) fn new(start: usize, n: usize, d: usize, v: usize) -> Self {
-        let align = |x: usize| x.div_ceil(4) * 4;
-        let (rows_c, cols_c) = (n.min(TC_BWD_ROWS), v.min(TC_BWD_VOCAB));
-        let z = align(start);
-        let dz_half = align(z + rows_c * cols_c);
-        let hidden_half = align(dz_half + (rows_c * cols_c).div_ceil(2));
-        let end = hidden_half + (rows_c * d).div_ceil(2);
-        Self {
-            z,
-            dz_half,
-            hidden_half,
-            len: end - start,
-        }
-    }
-}
 
 /// The f32 accumulators the backward adds into (the workspace's, f16 / bf16 gradients).
 pub(crate) struct Accumulators<'a, R: Runtime> {
@@ -92,12 +61,15 @@ pub(crate) fn tc_backward<R: Runtime>(
         grad,
         ignore: ignore_scalar(c),
     };
-    let mut cs = 0;
-    while cs < c.v {
-        let ch = cols_c.min(c.v - cs);
-        let mut rs = 0;
-        while rs < c.n {
-            let rh = rows_c.min(c.n - rs);
+    let dz = Mat {
+        buf: workspace,
+        dtype: FloatDType::F32.storage(),
+        offset: to_u32("workspace", "offset", scratch.z)?,
+        s0: cols_c as u32,
+        s1: 1,
+    };
+    for (cs, ch) in chunks(c.v, cols_c) {
+        for (rs, rh) in chunks(c.n, rows_c) {
             let chunk = [rs, rh, cs, ch];
             launch_mask_hidden(client, inputs, c, &row_grads, [rs, rh], workspace, scratch)?;
             logits_chunk(
@@ -123,28 +95,11 @@ pub(crate) fn tc_backward<R: Runtime>(
             };
             choice.gemm(client, &ops, [ch, rh, c.d], rs > 0)?;
             if let Some(db) = acc.db {
-                let out = Vec1 {
-                    buf: db.buf,
-                    offset: to_u32(
-                        "d_bias",
-                        "offset",
-                        db.offset as usize + cs * db.stride as usize,
-                    )?,
-                    stride: db.stride,
-                };
-                let dz = Mat {
-                    buf: workspace,
-                    dtype: FloatDType::F32.storage(),
-                    offset: to_u32("workspace", "offset", scratch.z)?,
-                    s0: cols_c as u32,
-                    s1: 1,
-                };
-                launch_col_sum(client, &dz, &out, FloatDType::F32.storage(), rh, ch, rs > 0)?;
+                let out = db.elements_from("d_bias", cs)?;
+                launch_col_sum(client, &dz, &out, dz.dtype, rh, ch, rs > 0)?;
             }
-            rs += rh;
         }
         flush_d_weight(cs, ch)?;
-        cs += ch;
     }
     Ok(())
 }
@@ -236,30 +191,6 @@ fn launch_dz<R: Runtime>(
     Ok(())
 }
 
-/// Whether row `row`'s upstream gradients are both zero (the `g_logp` part dropped where the
-/// row is ignored), and its resolved target.
-#[cube]
-fn row_gradients<I: Int>(
-    targets: &Tensor<I>,
-    t_stride: u32,
-    grad: &Tensor<f32>,
-    go: &StridedView,
-    row: usize,
-    v: u32,
-    ignore: InputScalar,
-    #[comptime] has_ignore: bool,
-) -> (f32, f32, i32) {
-    let gbase = go.offset as usize + row * go.s0 as usize;
-    let tgt = resolve_target::<I>(
-        targets[row * t_stride as usize],
-        v,
-        ignore.get::<I>(),
-        has_ignore,
-    );
-    let gl = select(tgt == -1i32, 0.0f32, grad[gbase]);
-    (gl, grad[gbase + go.s1 as usize], tgt)
-}
-
 /// Cube (column block, row of the chunk): `hidden_half[r, d]` for its columns.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
@@ -281,9 +212,8 @@ pub(crate) fn logp_mask_hidden_kernel<F: Float, I: Int>(
 ) {
     let r = CUBE_POS_Y as usize;
     let row = row_start as usize + r;
-    let (gl, g_lse, _tgt) =
+    let (_, _, _, zero_row) =
         row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
-    let zero_row = gl == 0.0f32 && g_lse == 0.0f32;
     let dd = d as usize;
     let c0 = CUBE_POS_X as usize * EW_UNITS * EW_PER_UNIT + UNIT_POS_X as usize;
     #[unroll]
@@ -323,9 +253,8 @@ pub(crate) fn logp_dz_from_logits_kernel<F: Float, I: Int>(
 ) {
     let r = CUBE_POS_Y as usize;
     let row = row_start as usize + r;
-    let (gl, g_lse, tgt) =
+    let (gl, g_lse, tgt, zero_row) =
         row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
-    let zero_row = gl == 0.0f32 && g_lse == 0.0f32;
     let lse = stats[so.offset as usize + row * so.s0 as usize + so.s1 as usize];
     let has_tgt = tgt >= 0i32;
     let tgt_local = select(has_tgt, tgt - i32::cast_from(col_start), -1i32);

@@ -14,13 +14,8 @@ use crate::error::KernelError;
 /// Levels of the scan's tree: `log2(SCAN_LANES)`.
 const SCAN_LEVELS: usize = SCAN_LANES.trailing_zeros() as usize;
 use crate::gemm::args::{GemmOperands, Mat, Vec1};
-use crate::util::{FloatDType, check_grid, raw_arg, to_u32};
+use crate::util::{FloatDType, check_grid, chunks, raw_arg, to_u32};
 use cubecl::prelude::*;
-
-/// f32 elements of logits scratch the tensor-core forward needs after the partials.
-pub(crate) fn tc_forward_scratch_len(n: usize, v: usize) -> usize {
-    n.min(TC_FWD_ROWS) * v.min(TC_FWD_VOCAB)
-}
 
 /// The logits of row chunk `rs..rs + rh` × vocabulary chunk `cs..cs + ch` into `out` (f32,
 /// row stride `ld`): `hidden · weightᵀ (+ bias)` on the pinned cmma GEMM, bias added in f32.
@@ -81,12 +76,8 @@ pub(crate) fn tc_forward_partials<R: Runtime>(
 ) -> Result<(), KernelError> {
     let rows_c = c.n.min(TC_FWD_ROWS);
     let cols_c = c.v.min(TC_FWD_VOCAB);
-    let mut rs = 0;
-    while rs < c.n {
-        let rh = rows_c.min(c.n - rs);
-        let mut cs = 0;
-        while cs < c.v {
-            let ch = cols_c.min(c.v - cs);
+    for (rs, rh) in chunks(c.n, rows_c) {
+        for (cs, ch) in chunks(c.v, cols_c) {
             let chunk = [rs, rh, cs, ch];
             logits_chunk(
                 client,
@@ -99,9 +90,7 @@ pub(crate) fn tc_forward_partials<R: Runtime>(
                 cols_c,
             )?;
             launch_scan(client, inputs, c, chunk, workspace, scratch_offset, cols_c)?;
-            cs += ch;
         }
-        rs += rh;
     }
     Ok(())
 }
