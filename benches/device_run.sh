@@ -5,6 +5,8 @@
 # `overhead`: the public-call overhead bench (`benches/call_overhead.rs`) and cuBLAS at the same shapes.
 # `kernels`: the kernel crate's CUDA tests (.gpu/{kgemm,klogp}); `ksanitize`: compute-sanitizer on klogp.
 # `memory`: device memory around one forward + backward (gpu_report memory).
+# `rl`: the RL head (temperature, entropy) beside the plain call (gpu_report rl), cuBLAS beside;
+# `rlsanitize`: compute-sanitizer on the RL head's tests (Sm90 for f16/bf16, CubeCl for f32).
 # `vulkan`: the wgpu suites and the wgpu report through Vulkan/SPIR-V (.gpu/{gpu_vk,gpu_report_vk},
 # built with `--features vulkan,cuda`; the loaders from .gl/, see the device README), cuBLAS f16 beside.
 set -uo pipefail
@@ -12,7 +14,7 @@ set -uo pipefail
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan
+MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -34,6 +36,16 @@ if has bench; then
   step report 300 .gpu/gpu_report
   step cublas 120 python3 benches/cublas_reference.py
   python3 benches/compare.py "$OUT/report.log" "$OUT/cublas.log" > "$OUT/table.md"; cat "$OUT/table.md"
+fi
+if has rl; then
+  step report_rl 480 .gpu/gpu_report rl
+  step cublas 120 python3 benches/cublas_reference.py
+  python3 benches/compare.py "$OUT/report_rl.log" "$OUT/cublas.log" > "$OUT/table_rl.md"; cat "$OUT/table_rl.md"
+  python3 benches/rl_head_ratios.py "$OUT/report_rl.log" > "$OUT/rl_ratios.md"; cat "$OUT/rl_ratios.md"
+fi
+if has rlsanitize; then
+  step memcheck_rl 240 compute-sanitizer --tool memcheck .gpu/gpu cuda::raw::linear_logp_rl_head_gradients_vs_f64 cuda::raw::linear_logp_rl_head_correctness --test-threads=1
+  step racecheck_rl 240 compute-sanitizer --tool racecheck .gpu/gpu cuda::raw::linear_logp_rl_head_correctness --test-threads=1
 fi
 if has memory; then
   step memory 200 .gpu/gpu_report memory; grep -h "^MEMORY" "$OUT/memory.log"

@@ -6,22 +6,23 @@
 //! `Autodiff<Fusion<CubeBackend<Cuda, bf16>>>`, the implementation forced with
 //! `BURN_INVARIANT_IMPL`, calls queued and one sync per batch (`impl=<Impl>Api`; `linear_logp`
 //! with `skip_target_check`, whose host read of the targets would sync every call).
+//! `rl`: the RL head (`linear_logp` at temperature 0.7, with and without entropy) beside the
+//! plain call, timed in turn over 5 rounds (medians), primitives and public API
+//! (`linear_logp_full`), names `<Impl>+T0.7[+ent]`.
 //! `memory`: device memory around one forward + backward (cubecl's in-use and reserved bytes, and
 //! `nvidia-smi`'s figure for this process), `MEMORY` lines.
 //!
-//! `cargo bench --features cuda --bench gpu_report [matmul|logp|api|memory|wgpu]` (`wgpu`: built
+//! `cargo bench --features cuda --bench gpu_report [matmul|logp|api|rl|memory|wgpu]` (`wgpu`: built
 //! with `wgpu` or `vulkan`) (needs an NVIDIA
 //! GPU; prints a notice and exits 0 without one). Timing: warm-up, then the median over
 //! repetitions of a device-synced batch of launches, on random data.
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{
-    DType, Distribution, Int, Tensor, TensorData, TensorPrimitive, backend::Backend,
-};
+use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backend};
 use burn_invariant::{
     InvariantBackend, LinearLogpOptions,
-    backend::{GradRequest, LinearLogpInputs},
+    backend::{GradRequest, LinearLogpInputs, LogpHead},
     registry::Implementation,
 };
 
@@ -62,6 +63,14 @@ fn time<Bk: Backend>(device: &Bk::Device, batch: usize, reps: usize, mut f: impl
         .collect();
     samples.sort_by(f64::total_cmp);
     samples[reps / 2]
+}
+
+/// Rounds of the RL heads' interleaved timing.
+const HEAD_ROUNDS: usize = 5;
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
 }
 
 fn report(what: &str, imp: &str, shape: &str, seconds: f64, flops: f64) {
@@ -130,7 +139,7 @@ fn wgpu_cases() {
         let shape = format!("dtype={} m={m} k={k} n={n}", dtype_name(dtype));
         report("matmul", "CubeClWgpu", &shape, s, 2.0 * (m * k * n) as f64);
     }
-    logp_cases_as::<W>(&device, dtype, &[(imp, "CubeClWgpu")]);
+    logp_cases_as::<W>(&device, dtype, &[(imp, "CubeClWgpu")], PLAIN);
 }
 
 fn matmul_cases<Bk: InvariantBackend>(device: &Bk::Device) {
@@ -176,7 +185,29 @@ fn matmul_cases<Bk: InvariantBackend>(device: &Bk::Device) {
     }
 }
 
-fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
+/// The plain head: temperature 1, no entropy.
+const PLAIN: &[(LogpHead, &str)] = &[(LogpHead::PLAIN, "")];
+
+/// The RL heads, each beside the plain one: temperature 0.7, then with entropy.
+const RL_HEADS: &[(LogpHead, &str)] = &[
+    (LogpHead::PLAIN, ""),
+    (
+        LogpHead {
+            inv_temperature: 1.0 / 0.7,
+            entropy: false,
+        },
+        "+T0.7",
+    ),
+    (
+        LogpHead {
+            inv_temperature: 1.0 / 0.7,
+            entropy: true,
+        },
+        "+T0.7+ent",
+    ),
+];
+
+fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device, heads: &[(LogpHead, &str)]) {
     logp_cases_as::<Bk>(
         device,
         DType::BF16,
@@ -184,6 +215,7 @@ fn logp_cases<Bk: InvariantBackend>(device: &Bk::Device) {
             (Implementation::Sm90, "Sm90"),
             (Implementation::CubeCl, "CubeCl"),
         ],
+        heads,
     );
 }
 
@@ -191,44 +223,121 @@ fn logp_cases_as<Bk: InvariantBackend>(
     device: &Bk::Device,
     dtype: DType,
     imps: &[(Implementation, &str)],
+    heads: &[(LogpHead, &str)],
 ) {
     let (n, d) = (4096usize, 2048usize);
     for v in VOCABS {
         let hidden = random_as::<Bk, 2>([n, d], device, 1.0, dtype);
         let weight = random_as::<Bk, 2>([v, d], device, 0.05, dtype);
         let targets = spread_targets::<Bk>(n, v, device);
-        let inputs = || LinearLogpInputs::<Bk> {
+        let inputs = |head: LogpHead| LinearLogpInputs::<Bk> {
             hidden: hidden.clone().into_primitive().tensor(),
             weight: weight.clone().into_primitive().tensor(),
             bias: None,
             targets: targets.clone().into_primitive(),
             ignore_index: None,
+            head,
         };
         let shape = format!("dtype={} n={n} d={d} v={v}", dtype_name(dtype));
         let flops = 2.0 * (n * d * v) as f64;
         for &(imp, name) in imps {
             let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
-            let s = time::<Bk>(device, 3, reps, || {
-                let _ = Bk::invariant_linear_logp(inputs(), imp);
-            });
-            report("linear_logp_fwd", name, &shape, s, flops);
-            let stats = Bk::invariant_linear_logp(inputs(), imp);
-            let grad: Tensor<Bk, 2> =
-                Tensor::random([n, 2], Distribution::Uniform(-1.0, 1.0), device);
-            let s = time::<Bk>(device, 2, reps, || {
-                let stats = Bk::invariant_linear_logp(inputs(), imp);
-                let _ = Bk::invariant_linear_logp_backward(
-                    inputs(),
-                    stats,
-                    grad.clone().into_primitive().tensor(),
-                    GradRequest::ALL,
-                    imp,
+            // Several heads: timed in turn, round after round, so clock and thermal drift hit
+            // each alike; each reports its median over the rounds.
+            let rounds = if heads.len() > 1 { HEAD_ROUNDS } else { 1 };
+            let mut samples = vec![[Vec::new(), Vec::new()]; heads.len()];
+            for _ in 0..rounds {
+                for (&(head, _), [fwd, fwd_bwd]) in heads.iter().zip(&mut samples) {
+                    fwd.push(time::<Bk>(device, 3, reps, || {
+                        let _ = Bk::invariant_linear_logp(inputs(head), imp);
+                    }));
+                    let grad: Tensor<Bk, 2> = Tensor::random(
+                        [n, head.columns()],
+                        Distribution::Uniform(-1.0, 1.0),
+                        device,
+                    );
+                    fwd_bwd.push(time::<Bk>(device, 2, reps, || {
+                        let stats = Bk::invariant_linear_logp(inputs(head), imp);
+                        let _ = Bk::invariant_linear_logp_backward(
+                            inputs(head),
+                            stats,
+                            grad.clone().into_primitive().tensor(),
+                            GradRequest::ALL,
+                            imp,
+                        );
+                    }));
+                }
+            }
+            for (&(_, suffix), [fwd, fwd_bwd]) in heads.iter().zip(samples) {
+                let name = format!("{name}{suffix}");
+                report("linear_logp_fwd", &name, &shape, median(fwd), flops);
+                report(
+                    "linear_logp_fwd_bwd",
+                    &name,
+                    &shape,
+                    median(fwd_bwd),
+                    4.0 * flops,
                 );
-            });
-            report("linear_logp_fwd_bwd", name, &shape, s, 4.0 * flops);
-            let _ = Tensor::<Bk, 2>::from_primitive(TensorPrimitive::Float(stats));
+            }
         }
     }
+}
+
+/// The RL head through the public API under `User`: `linear_logp_full` at temperature 0.7 with
+/// entropy, forward and forward + backward of `Σ logp + 0.01·Σ entropy`.
+fn rl_api_cases<U: AutodiffBackend + InvariantBackend>(device: &U::Device)
+where
+    U::InnerBackend: InvariantBackend,
+{
+    let rand = |shape: [usize; 2], scale: f64| {
+        Tensor::<U, 2>::random(shape, Distribution::Uniform(-scale, scale), device)
+            .cast(DType::BF16)
+    };
+    let (n, d) = (4096usize, 2048usize);
+    let opts = LinearLogpOptions::default()
+        .with_skip_target_check(true)
+        .with_temperature(0.7)
+        .with_entropy(true);
+    for imp in [Implementation::Sm90, Implementation::CubeCl] {
+        force(imp);
+        let name = format!("{imp:?}Api+T0.7+ent");
+        for v in VOCABS {
+            let hidden = rand([n, d], 1.0);
+            let weight = rand([v, d], 0.05);
+            let targets = spread_targets::<U>(n, v, device);
+            let shape = format!("dtype=bf16 n={n} d={d} v={v}");
+            let flops = 2.0 * (n * d * v) as f64;
+            let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
+            let s = time::<U>(device, 3, reps, || {
+                let _ = burn_invariant::linear_logp_full(
+                    hidden.clone(),
+                    weight.clone(),
+                    targets.clone(),
+                    None,
+                    &opts,
+                )
+                .expect("linear_logp_full");
+            });
+            report("linear_logp_fwd", &name, &shape, s, flops);
+            let (h, w) = (hidden.clone().require_grad(), weight.clone().require_grad());
+            let s = time::<U>(device, 2, reps, || {
+                let out = burn_invariant::linear_logp_full(
+                    h.clone(),
+                    w.clone(),
+                    targets.clone(),
+                    None,
+                    &opts,
+                )
+                .expect("linear_logp_full");
+                let entropy = out.entropy.expect("entropy was requested");
+                let grads = (out.logp.sum() + entropy.sum().mul_scalar(0.01)).backward();
+                let _ = (h.grad(&grads), w.grad(&grads));
+            });
+            report("linear_logp_fwd_bwd", &name, &shape, s, 4.0 * flops);
+        }
+    }
+    // SAFETY: as in `force`.
+    unsafe { std::env::remove_var("BURN_INVARIANT_IMPL") };
 }
 
 /// Forces `implementation` for the calls that follow (the registry reads the variable per call).
@@ -331,6 +440,7 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
             let grad: Tensor<B, 2> =
                 Tensor::random([n, 2], Distribution::Uniform(-1.0, 1.0), device);
             B::sync(device).expect("sync");
+            let head = LogpHead::PLAIN;
             let (before, smi_before) = (usage(), smi_mib());
             let inputs = || LinearLogpInputs::<B> {
                 hidden: hidden.clone().into_primitive().tensor(),
@@ -338,6 +448,7 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
                 bias: None,
                 targets: targets.clone().into_primitive(),
                 ignore_index: None,
+                head,
             };
             let stats = B::invariant_linear_logp(inputs(), imp);
             let grads = B::invariant_linear_logp_backward(
@@ -395,7 +506,11 @@ fn main() {
             matmul_cases::<B>(&device);
         }
         if filter.is_empty() || filter == "logp" {
-            logp_cases::<B>(&device);
+            logp_cases::<B>(&device, PLAIN);
+        }
+        if filter == "rl" {
+            logp_cases::<B>(&device, RL_HEADS);
+            rl_api_cases::<User>(&device);
         }
         if filter.is_empty() || filter == "api" {
             api_cases::<User>(&device);

@@ -3,9 +3,11 @@
 //
 // Forward: the vocabulary is cut into fixed segments of LOGP_SEG columns (independent of N and of the
 // SM count). One work item = (128-row block, segment): the CTA walks the segment's 256-wide vocab tiles in
-// ascending order, keeps an online (max, sum-exp) per row in registers and writes one partial per
-// (segment, row). ib_logp_merge then combines the partials of a row in a fixed pairwise tree over the
-// segment index (stride 1, 2, 4, ...) and forms lse and logp.
+// ascending order, keeps an online (max, sum-exp) per row in registers (and, for the entropy entries,
+// the shifted sum u = sum exp(z - max)(z - max)) and writes one partial per (segment, row). ib_logp_merge
+// then combines the partials of a row in a fixed pairwise tree over the segment index (stride 1, 2, 4,
+// ...) and forms lse, logp and entropy = log(s) - u / s. The temperature is folded into the exponent's
+// scale (exp(z - m) = 2^(acc * log2(e) / T - m * log2(e)) with acc = h.w + b): no extra pass over the tile.
 // Backward (host loop over fixed token chunks x vocab chunks, see README): ib_logp_bwd_dz_* recomputes a
 // z tile, turns it into dz in registers, stores dz (input dtype) into a chunk workspace and per-128-row
 // column sums for dbias; ib_gemm_nn/tn then accumulate dH and dW from that workspace; ib_logp_bwd_dbias_*
@@ -17,9 +19,11 @@
 // (base &H[t0*D], dims {D, tw}), tmW = W rows [v0, v0+vw) (base &W[v0*D], dims {D, vw}).
 struct LogpFwdParams {
   u32 N, V, D;             // offset  0,  4,  8
-  u32 flags;               // offset 12: LOGP_HAS_BIAS | LOGP_HAS_IGNORE
+  u32 flags;               // offset 12: LOGP_HAS_BIAS | LOGP_HAS_IGNORE | LOGP_ENTROPY
   long long ignore_index;  // offset 16
-};                         // sizeof 24
+  float inv_t;             // offset 24: 1 / temperature
+  u32 pad;                 // offset 28
+};                         // sizeof 32
 
 struct LogpBwdParams {
   u32 tw, vw, D;           // offset  0,  4,  8: chunk rows, chunk vocab columns, hidden size
@@ -27,9 +31,10 @@ struct LogpBwdParams {
   long long ignore_index;  // offset 16
   u32 t0, v0;              // offset 24, 28: chunk origin (global token row, global vocab column)
   u32 ldz;                 // offset 32: row stride (elements) of dz and of dbias_part; multiple of 8
+  float inv_t;             // offset 36: 1 / temperature
 };                         // sizeof 40
 
-static_assert(sizeof(LogpFwdParams) == 24, "LogpFwdParams ABI: mirrored by src/backends/sm90/params.rs");
+static_assert(sizeof(LogpFwdParams) == 32, "LogpFwdParams ABI: mirrored by src/backends/sm90/params.rs");
 static_assert(sizeof(LogpBwdParams) == 40, "LogpBwdParams ABI: mirrored by src/backends/sm90/params.rs");
 
 #define LOGP_HAS_BIAS 1u
@@ -37,6 +42,7 @@ static_assert(sizeof(LogpBwdParams) == 40, "LogpBwdParams ABI: mirrored by src/b
 #define LOGP_DBIAS_ACC_LOAD 4u   // dbias: v = dbias_acc[v] + chunk sum
 #define LOGP_DBIAS_ACC_STORE 8u  // dbias: dbias_acc[v] = v
 #define LOGP_DBIAS_STORE 16u     // dbias: dbias_out[v] = round(v)
+#define LOGP_ENTROPY 32u         // merge: shifted sums in wu, entropy into ent
 
 namespace ib {
 
@@ -52,11 +58,25 @@ __device__ __forceinline__ float2 ms_combine(float2 a, float2 b) {
   return make_float2(m, a.y * ex2((a.x - m) * IB_LOG2E) + b.y * ex2((b.x - m) * IB_LOG2E));
 }
 
-template <class T, class G>
+// (max, sum-exp, shifted sum) partials: the shifted sums follow the max as sum-exp does; an empty side
+// (sum 0) adds nothing.
+__device__ __forceinline__ float3 msu_combine(float3 a, float3 b) {
+  const float m = max_nan(a.x, b.x);
+  if (m == IB_NEG_INF) return make_float3(m, 0.f, 0.f);
+  const float fa = ex2((a.x - m) * IB_LOG2E), fb = ex2((b.x - m) * IB_LOG2E);
+  const float ua = a.y == 0.f ? 0.f : fa * (a.z + (a.x - m) * a.y);
+  const float ub = b.y == 0.f ? 0.f : fb * (b.z + (b.x - m) * b.y);
+  return make_float3(m, a.y * fa + b.y * fb, ua + ub);
+}
+
+// e * (z - m) of one logit, 0 where e underflows (also for -inf logits, where z - m is -inf).
+__device__ __forceinline__ float shifted_term(float e, float zm) { return e == 0.f ? 0.f : e * zm; }
+
+template <class T, class G, bool ENT>
 __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc* tmW, const LogpFwdParams& p,
                                               const T* __restrict__ bias,
                                               const int* __restrict__ targets, float* __restrict__ logp,
-                                              float2* __restrict__ ws) {
+                                              float2* __restrict__ ws, float* __restrict__ wu) {
   extern __shared__ unsigned char smem_raw[];
   const typename G::Smem s = G::carve(smem_raw);
   const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
@@ -86,18 +106,20 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
     reg_alloc<232>();
     const int c = wg - 1, w = tid >> 5, l = tid & 31, q = l & 3;
     const bool has_bias = p.flags & LOGP_HAS_BIAS;
+    const float inv_t = p.inv_t, k2 = IB_LOG2E * inv_t;  // log2(e) / T (exactly log2(e) for T = 1)
     float acc[G::NACC];
     for (int it = first; it < items; it += step) {
       const int rb = (it % num_rbp) * G::CL + rank, sg = it / num_rbp;
       const int vend = min(V, (sg + 1) * LOGP_SEG);
       int row[2], tgt[2];
-      float mrun[2], srun[2];
+      float mrun[2], srun[2], urun[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         row[i] = rb * G::BM + 64 * c + 16 * w + (l >> 2) + 8 * i;
         tgt[i] = row[i] < N ? targets[row[i]] : -1;
         mrun[i] = IB_NEG_INF;
         srun[i] = 0.f;
+        urun[i] = 0.f;
       }
       for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) {
         consume_tile<G>(acc, s, ps, nk, c, tid);
@@ -126,18 +148,32 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
           float mx = IB_NEG_INF;
 #pragma unroll
           for (int j = 0; j < G::BN / 8; ++j) mx = max_nan(mx, max_nan(acc[4 * j + 2 * i], acc[4 * j + 2 * i + 1]));
-          const float mnew = max_nan(mrun[i], mx);
+          // the tempered max: a positive scale keeps the order, so this is the max of the z
+          const float mnew = max_nan(mrun[i], mx * inv_t);
           if (mnew != IB_NEG_INF) {
             const float off = -mnew * IB_LOG2E;
             float e0 = 0.f, e1 = 0.f, e2 = 0.f, e3 = 0.f;  // fixed 4-way split of the tile sum
+            float u0 = 0.f, u1 = 0.f, u2 = 0.f, u3 = 0.f;  // and of the shifted sum (entropy)
 #pragma unroll
             for (int j = 0; j < G::BN / 8; j += 2) {
-              e0 += ex2(fmaf(acc[4 * j + 2 * i], IB_LOG2E, off));
-              e1 += ex2(fmaf(acc[4 * j + 2 * i + 1], IB_LOG2E, off));
-              e2 += ex2(fmaf(acc[4 * (j + 1) + 2 * i], IB_LOG2E, off));
-              e3 += ex2(fmaf(acc[4 * (j + 1) + 2 * i + 1], IB_LOG2E, off));
+              const float z0 = acc[4 * j + 2 * i], z1 = acc[4 * j + 2 * i + 1];
+              const float z2 = acc[4 * (j + 1) + 2 * i], z3 = acc[4 * (j + 1) + 2 * i + 1];
+              const float t0 = ex2(fmaf(z0, k2, off)), t1 = ex2(fmaf(z1, k2, off));
+              const float t2 = ex2(fmaf(z2, k2, off)), t3 = ex2(fmaf(z3, k2, off));
+              e0 += t0;
+              e1 += t1;
+              e2 += t2;
+              e3 += t3;
+              if (ENT) {
+                u0 += shifted_term(t0, fmaf(z0, inv_t, -mnew));
+                u1 += shifted_term(t1, fmaf(z1, inv_t, -mnew));
+                u2 += shifted_term(t2, fmaf(z2, inv_t, -mnew));
+                u3 += shifted_term(t3, fmaf(z3, inv_t, -mnew));
+              }
             }
-            srun[i] = srun[i] * ex2((mrun[i] - mnew) * IB_LOG2E) + ((e0 + e1) + (e2 + e3));
+            const float dm = mrun[i] - mnew, alpha = ex2(dm * IB_LOG2E);
+            if (ENT) urun[i] = (srun[i] == 0.f ? 0.f : alpha * (urun[i] + dm * srun[i])) + ((u0 + u1) + (u2 + u3));
+            srun[i] = srun[i] * alpha + ((e0 + e1) + (e2 + e3));
             mrun[i] = mnew;
           }
           // target logit: taken from the same f32 accumulator the softmax used
@@ -147,32 +183,47 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
 #pragma unroll
             for (int j = 0; j < G::BN / 8; ++j)
               if (j == (tl >> 3)) zt = (tl & 1) ? acc[4 * j + 2 * i + 1] : acc[4 * j + 2 * i];
-            if (row[i] < N && tgt[i] < V) logp[row[i]] = zt;  // merge kernel turns it into zt - lse
+            if (row[i] < N && tgt[i] < V) logp[row[i]] = zt * inv_t;  // merge turns it into z_t - lse
           }
         }
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float2 v = make_float2(mrun[i], srun[i]);
-        float2 o;
-        o.x = __shfl_xor_sync(0xffffffffu, v.x, 1);
-        o.y = __shfl_xor_sync(0xffffffffu, v.y, 1);
-        v = ms_combine(v, o);
-        o.x = __shfl_xor_sync(0xffffffffu, v.x, 2);
-        o.y = __shfl_xor_sync(0xffffffffu, v.y, 2);
-        v = ms_combine(v, o);
-        if (q == 0 && row[i] < N) ws[(size_t)sg * N + row[i]] = v;
+        if (ENT) {
+          float3 v = make_float3(mrun[i], srun[i], urun[i]);
+#pragma unroll
+          for (int x = 1; x <= 2; x *= 2) {
+            const float3 o = make_float3(__shfl_xor_sync(0xffffffffu, v.x, x), __shfl_xor_sync(0xffffffffu, v.y, x),
+                                         __shfl_xor_sync(0xffffffffu, v.z, x));
+            v = msu_combine(v, o);
+          }
+          if (q == 0 && row[i] < N) {
+            ws[(size_t)sg * N + row[i]] = make_float2(v.x, v.y);
+            wu[(size_t)sg * N + row[i]] = v.z;
+          }
+        } else {
+          float2 v = make_float2(mrun[i], srun[i]);
+          float2 o;
+          o.x = __shfl_xor_sync(0xffffffffu, v.x, 1);
+          o.y = __shfl_xor_sync(0xffffffffu, v.y, 1);
+          v = ms_combine(v, o);
+          o.x = __shfl_xor_sync(0xffffffffu, v.x, 2);
+          o.y = __shfl_xor_sync(0xffffffffu, v.y, 2);
+          v = ms_combine(v, o);
+          if (q == 0 && row[i] < N) ws[(size_t)sg * N + row[i]] = v;
+        }
       }
     }
   }
   cluster_sync();
 }
 
-template <class T>
+template <class T, bool ENT>
 __device__ __forceinline__ void logp_bwd_dz_body(const TmaDesc* tmH, const TmaDesc* tmW, const LogpBwdParams& p,
                                                  const T* __restrict__ bias,
                                                  const int* __restrict__ targets, const float* __restrict__ lse,
                                                  const float* __restrict__ g_logp, const float* __restrict__ g_lse,
+                                                 const float* __restrict__ ent, const float* __restrict__ g_ent,
                                                  T* __restrict__ dz, float* __restrict__ dbias_part) {
   typedef Gmma<T, 256, 2, 4, 0, 0, 2> G;
   extern __shared__ unsigned char smem_raw[];
@@ -223,18 +274,26 @@ __device__ __forceinline__ void logp_bwd_dz_body(const TmaDesc* tmH, const TmaDe
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int rl = m0 + 64 * c + 16 * w + (l >> 2) + 8 * i;
-        const bool valid = rl < tw;
         const int r = p.t0 + rl;
-        float L = 0.f, gl = 0.f, gs = 0.f;
+        float L = 0.f, gl = 0.f, gs = 0.f, H = 0.f, ge = 0.f;
         long long tg = -1;
-        if (valid) {
+        if (rl < tw) {
           L = lse[r];
           gl = g_logp[r];
           gs = g_lse[r];
+          if (ENT) {
+            H = ent[r];
+            ge = g_ent[r];
+          }
           tg = targets[r];
-          if (has_ign && tg == p.ignore_index) gl = 0.f;
+          if (has_ign && tg == p.ignore_index) gl = ge = 0.f;
         }
-        const float a = gs - gl, off = -L * IB_LOG2E;
+        const bool valid = rl < tw;
+        // a row whose upstream gradients are all zero adds exactly nothing (even with Inf / NaN logits)
+        const bool live = valid && !(gl == 0.f && gs == 0.f && ge == 0.f);
+        // 1/T folded into the row's factors and the exponent's scale (all exact for T = 1)
+        const float inv_t = p.inv_t, k2 = IB_LOG2E * inv_t, off = -L * IB_LOG2E;
+        const float a = (gs - gl) * inv_t, gl_t = gl * inv_t, ge_t = ge * inv_t, h_l = H - L;
         // target's chunk-local column, or -1 when the target is not in this chunk (or invalid)
         const int tloc = (tg >= (long long)p.v0 && tg < (long long)p.v0 + vw) ? (int)(tg - (long long)p.v0) : -1;
 #pragma unroll
@@ -242,9 +301,12 @@ __device__ __forceinline__ void logp_bwd_dz_body(const TmaDesc* tmH, const TmaDe
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int col = cb + 8 * j + h;
-            const float pz = ex2(fmaf(acc[4 * j + 2 * i + h], IB_LOG2E, off));
-            float d = pz * a + (col == tloc ? gl : 0.f);
-            if (!valid || col >= vw) d = 0.f;
+            const float acc_z = acc[4 * j + 2 * i + h];  // h.w + b, untempered
+            const float pz = ex2(fmaf(acc_z, k2, off));
+            float d = pz * a + (col == tloc ? gl_t : 0.f);
+            // p (z - lse + H); p = 0 (a -inf logit) adds nothing, where z - lse would make 0 * inf
+            if (ENT && pz != 0.f) d -= ge_t * (pz * fmaf(acc_z, inv_t, h_l));
+            if (!live || col >= vw) d = 0.f;
             acc[4 * j + 2 * i + h] = d;
           }
         T* zrow = dz + (size_t)rl * p.ldz;
@@ -295,36 +357,55 @@ __device__ __forceinline__ void logp_bwd_dz_body(const TmaDesc* tmH, const TmaDe
 
 }  // namespace ib
 
-#define IB_LOGP_FWD_ENTRY(NAME, T, CFG)                                                                     \
+#define IB_LOGP_FWD_ENTRY(NAME, T, CFG, ENT)                                                                \
   extern "C" __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1)                            \
       NAME(const __grid_constant__ TmaDesc tmH, const __grid_constant__ TmaDesc tmW, const void* mapH,        \
            const void* mapW, const T* H, const T* W, const T* __restrict__ bias,                            \
            const int* __restrict__ targets, float* __restrict__ logp, float* __restrict__ lse,             \
-           float2* __restrict__ ws, const __grid_constant__ LogpFwdParams p) {                             \
-    ib::logp_fwd_body<T, CFG>(&tmH, &tmW, p, bias, targets, logp, ws);                                      \
+           float2* __restrict__ ws, float* __restrict__ wu, float* __restrict__ ent,                       \
+           const __grid_constant__ LogpFwdParams p) {                                                       \
+    ib::logp_fwd_body<T, CFG, ENT>(&tmH, &tmW, p, bias, targets, logp, ws, wu);                             \
   }
 // Entry selection as in gemm_sm90.cu: "#define IB_SELECT" + "#define IB_ENTRY_<name>" compiles one entry.
+// The _ent entries also keep the shifted sums for the entropy.
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_bf16)
-IB_LOGP_FWD_ENTRY(ib_logp_fwd_bf16, __nv_bfloat16, ib::LogpCfgBf16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_bf16, __nv_bfloat16, ib::LogpCfgBf16, false)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_f16)
-IB_LOGP_FWD_ENTRY(ib_logp_fwd_f16, __half, ib::LogpCfgF16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_f16, __half, ib::LogpCfgF16, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_ent_bf16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_ent_bf16, __nv_bfloat16, ib::LogpCfgBf16, true)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_ent_f16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_ent_f16, __half, ib::LogpCfgF16, true)
 #endif
 
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_merge)
 // One warp per row: in-place pairwise tree over the row's segment partials (segment i absorbs segment
-// i + stride for stride = 1, 2, 4, ...), then lse = m + log(s) and logp = z_t - lse.
+// i + stride for stride = 1, 2, 4, ...), then lse = m + log(s), logp = z_t - lse and, with LOGP_ENTROPY,
+// entropy = log(s) - u / s (0 for ignored rows).
 extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __restrict__ targets,
                                                                float* __restrict__ logp, float* __restrict__ lse,
-                                                               float2* __restrict__ ws,
+                                                               float2* __restrict__ ws, float* __restrict__ wu,
+                                                               float* __restrict__ ent,
                                                                const __grid_constant__ LogpFwdParams p) {
   const int N = (int)p.N, V = (int)p.V;
   const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= N) return;
   const int nseg = ib::cdiv(V, LOGP_SEG);
+  const bool has_ent = p.flags & LOGP_ENTROPY;
   for (int stride = 1; stride < nseg; stride *= 2) {
-    for (int i = lane * 2 * stride; i + stride < nseg; i += 64 * stride)
-      ws[(size_t)i * N + row] = ib::ms_combine(ws[(size_t)i * N + row], ws[(size_t)(i + stride) * N + row]);
+    for (int i = lane * 2 * stride; i + stride < nseg; i += 64 * stride) {
+      const size_t a = (size_t)i * N + row, b = (size_t)(i + stride) * N + row;
+      if (has_ent) {
+        const float3 v = ib::msu_combine(make_float3(ws[a].x, ws[a].y, wu[a]), make_float3(ws[b].x, ws[b].y, wu[b]));
+        ws[a] = make_float2(v.x, v.y);
+        wu[a] = v.z;
+      } else {
+        ws[a] = ib::ms_combine(ws[a], ws[b]);
+      }
+    }
     __syncwarp();
   }
   if (lane == 0) {
@@ -332,23 +413,25 @@ extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __res
     const float L = v.x + logf(v.y);
     lse[row] = L;
     const int t = targets[row];
+    const bool ignored = (p.flags & LOGP_HAS_IGNORE) && (long long)t == p.ignore_index;
     float out;
-    if ((p.flags & LOGP_HAS_IGNORE) && (long long)t == p.ignore_index) out = 0.f;
+    if (ignored) out = 0.f;
     else if (t >= 0 && t < V) out = logp[row] - L;
     else out = __int_as_float(0x7fc00000);  // NaN: target out of range (the host validates upstream)
     logp[row] = out;
+    if (has_ent) ent[row] = ignored ? 0.f : logf(v.y) - wu[row] / v.y;
   }
 }
 #endif
 
-#define IB_LOGP_BWD_DZ_ENTRY(SUF, T)                                                                        \
+#define IB_LOGP_BWD_DZ_ENTRY(SUF, T, ENT)                                                                   \
   extern "C" __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1) ib_logp_bwd_dz_##SUF(     \
       const __grid_constant__ TmaDesc tmH, const __grid_constant__ TmaDesc tmW, const void* mapH,           \
       const void* mapW, const T* H, const T* W, const T* __restrict__ bias,                               \
       const int* __restrict__ targets, const float* __restrict__ lse, const float* __restrict__ g_logp,    \
-      const float* __restrict__ g_lse, T* __restrict__ dz,                                                 \
-      float* __restrict__ dbias_part, const __grid_constant__ LogpBwdParams p) {                           \
-    ib::logp_bwd_dz_body<T>(&tmH, &tmW, p, bias, targets, lse, g_logp, g_lse, dz, dbias_part);              \
+      const float* __restrict__ g_lse, const float* __restrict__ ent, const float* __restrict__ g_ent,     \
+      T* __restrict__ dz, float* __restrict__ dbias_part, const __grid_constant__ LogpBwdParams p) {       \
+    ib::logp_bwd_dz_body<T, ENT>(&tmH, &tmW, p, bias, targets, lse, g_logp, g_lse, ent, g_ent, dz, dbias_part); \
   }
 /* dbias for one chunk: ascending sum over the chunk's 128-row blocks; the chunk order is the host's */
 #define IB_LOGP_BWD_DBIAS_ENTRY(SUF, T)                                                                     \
@@ -366,10 +449,16 @@ extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __res
     if (p.flags & LOGP_DBIAS_STORE) dbias_out[g] = ib::from_f32<T>(v);                                      \
   }
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dz_bf16)
-IB_LOGP_BWD_DZ_ENTRY(bf16, __nv_bfloat16)
+IB_LOGP_BWD_DZ_ENTRY(bf16, __nv_bfloat16, false)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dz_f16)
-IB_LOGP_BWD_DZ_ENTRY(f16, __half)
+IB_LOGP_BWD_DZ_ENTRY(f16, __half, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dz_ent_bf16)
+IB_LOGP_BWD_DZ_ENTRY(ent_bf16, __nv_bfloat16, true)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dz_ent_f16)
+IB_LOGP_BWD_DZ_ENTRY(ent_f16, __half, true)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_bwd_dbias_bf16)
 IB_LOGP_BWD_DBIAS_ENTRY(bf16, __nv_bfloat16)

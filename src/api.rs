@@ -2,21 +2,39 @@
 //! the primitive.
 use burn::tensor::{DType, Int, Tensor};
 
-use crate::backend::{InvariantBackend, LinearLogpInputs, Problem};
+use crate::backend::{InvariantBackend, LinearLogpInputs, LogpHead, Problem};
 use crate::backends::generic::{float_primitive, float_tensor};
 use crate::registry::{Implementation, Op, forced_implementation, implementation_for};
 use crate::{InvariantError, validate};
 
-/// Options of [`linear_logp`] and [`linear_logp_with_lse`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Options of [`linear_logp`], [`linear_logp_with_lse`] and [`linear_logp_full`].
+#[derive(Debug, Clone, PartialEq)]
 pub struct LinearLogpOptions {
-    /// Rows whose target equals this give `logp = 0` and no logp gradient; their `lse` is
-    /// computed (and differentiated) normally.
+    /// Rows whose target equals this give `logp = 0` and `entropy = 0`, and no gradient from
+    /// either; their `lse` is computed (and differentiated) normally.
     pub ignore_index: Option<i64>,
     /// Skip the host read that checks every target is in `[0, V)`. For callers that
     /// validated upstream: a bad target then gives NaN instead of an error, never an
     /// out-of-bounds access.
     pub skip_target_check: bool,
+    /// Softmax temperature `T`: the logits are `(hidden · weightᵀ + bias) / T`, computed as a
+    /// product with `1/T` rounded to f32 once. Finite and `> 0` (and `1/T` a normal f32);
+    /// 1.0 (the default) leaves the logits bitwise unchanged.
+    pub temperature: f64,
+    /// Whether [`linear_logp_full`] returns the per-row entropy of the tempered softmax. The
+    /// other functions ignore it.
+    pub entropy: bool,
+}
+
+impl Default for LinearLogpOptions {
+    fn default() -> Self {
+        Self {
+            ignore_index: None,
+            skip_target_check: false,
+            temperature: 1.0,
+            entropy: false,
+        }
+    }
 }
 
 impl LinearLogpOptions {
@@ -31,6 +49,49 @@ impl LinearLogpOptions {
         self.skip_target_check = skip;
         self
     }
+
+    /// Sets [`Self::temperature`] (checked when the options are used).
+    pub fn with_temperature(mut self, temperature: f64) -> Self {
+        self.temperature = temperature;
+        self
+    }
+
+    /// Sets [`Self::entropy`].
+    pub fn with_entropy(mut self, entropy: bool) -> Self {
+        self.entropy = entropy;
+        self
+    }
+
+    /// The primitives' head for these options, `entropy` as given; errors name `temperature`.
+    pub(crate) fn head(&self, entropy: bool) -> Result<LogpHead, InvariantError> {
+        let t = self.temperature;
+        let inv = (1.0 / t) as f32;
+        if !(t.is_finite() && t > 0.0 && inv.is_normal()) {
+            return Err(InvariantError::InvalidArgument {
+                arg: "temperature",
+                reason: format!(
+                    "must be finite and > 0 with 1/temperature a normal f32 (about 3e-39 < \
+                     temperature < 8.5e37), got {t}"
+                ),
+            });
+        }
+        Ok(LogpHead {
+            inv_temperature: inv,
+            entropy,
+        })
+    }
+}
+
+/// What [`linear_logp_full`] returns, every tensor f32 `[N]` whatever the backend's float type.
+#[derive(Debug, Clone)]
+pub struct LinearLogpOutput<B: burn::tensor::backend::Backend> {
+    /// `z[i, targets[i]] − lse[i]`; 0 for ignored rows.
+    pub logp: Tensor<B, 1>,
+    /// `logsumexp_j z[i, j]`.
+    pub lse: Tensor<B, 1>,
+    /// `lse[i] − Σ_j softmax(z[i])_j · z[i, j]` (nats), `Some` iff
+    /// [`LinearLogpOptions::entropy`]; 0 for ignored rows.
+    pub entropy: Option<Tensor<B, 1>>,
 }
 
 /// Deterministic, batch-invariant `lhs [M, K] · rhs [K, N] → [M, N]`.
@@ -115,8 +176,9 @@ pub fn linear<B: InvariantBackend, const D: usize>(
     Ok(out.reshape(out_dims))
 }
 
-/// `log_softmax(hidden · weightᵀ + bias)[i, targets[i]]` as f32 `[N]`, without ever
-/// materializing the `[N, V]` logits. `hidden [N, D]`, `weight [V, D]` (LM-head layout),
+/// `log_softmax(z)[i, targets[i]]` with `z = (hidden · weightᵀ + bias) / T` as f32 `[N]`, without
+/// ever materializing the `[N, V]` logits (`T` is [`LinearLogpOptions::temperature`], 1 by
+/// default). `hidden [N, D]`, `weight [V, D]` (LM-head layout),
 /// `bias [V]`. Differentiable w.r.t. hidden, weight and bias; batch-invariant per row.
 pub fn linear_logp<B: InvariantBackend>(
     hidden: Tensor<B, 2>,
@@ -128,7 +190,7 @@ pub fn linear_logp<B: InvariantBackend>(
     linear_logp_with_lse(hidden, weight, targets, bias, options).map(|(logp, _)| logp)
 }
 
-/// [`linear_logp`] that also returns `lse[i] = logsumexp_j z[i, j]` (for z-loss, entropy,
+/// [`linear_logp`] that also returns `lse[i] = logsumexp_j z[i, j]` (for z-loss,
 /// diagnostics); both are f32 `[N]` and both are differentiable.
 pub fn linear_logp_with_lse<B: InvariantBackend>(
     hidden: Tensor<B, 2>,
@@ -137,13 +199,52 @@ pub fn linear_logp_with_lse<B: InvariantBackend>(
     bias: Option<Tensor<B, 1>>,
     options: &LinearLogpOptions,
 ) -> Result<(Tensor<B, 1>, Tensor<B, 1>), InvariantError> {
+    let head = options.head(false)?;
+    let out = linear_logp_head(hidden, weight, targets, bias, options, head)?;
+    Ok((out.logp, out.lse))
+}
+
+/// The RL head: [`linear_logp`] at [`LinearLogpOptions::temperature`] with `lse` and, when
+/// [`LinearLogpOptions::entropy`] is set, the per-row entropy of the tempered softmax, all from
+/// one pass over the vocabulary. Every output is f32 `[N]`, differentiable (into hidden, weight
+/// and bias) and batch-invariant per row; `logp` and `lse` are those of [`linear_logp_with_lse`]
+/// with the same options, bitwise except through Vulkan/SPIR-V (docs/CONTRACT.md).
+///
+/// ```ignore
+/// let opts = LinearLogpOptions::default().with_temperature(0.7).with_entropy(true);
+/// let out = burn_invariant::linear_logp_full(hidden, weight, targets, None, &opts)?;
+/// let entropy = out.entropy.expect("requested");
+/// ```
+pub fn linear_logp_full<B: InvariantBackend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    options: &LinearLogpOptions,
+) -> Result<LinearLogpOutput<B>, InvariantError> {
+    let head = options.head(options.entropy)?;
+    linear_logp_head(hidden, weight, targets, bias, options, head)
+}
+
+fn linear_logp_head<B: InvariantBackend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    options: &LinearLogpOptions,
+    head: LogpHead,
+) -> Result<LinearLogpOutput<B>, InvariantError> {
     let implementation = check_linear_logp(&hidden, &weight, &targets, bias.as_ref(), options)?;
     let n = hidden.dims()[0];
     if n == 0 {
         // Nothing to compute (and no zero-sized kernel launches, which CUDA rejects).
         let device = hidden.device();
         let empty = || Tensor::<B, 1>::empty([0], (&device, burn::tensor::DType::F32));
-        return Ok((empty(), empty()));
+        return Ok(LinearLogpOutput {
+            logp: empty(),
+            lse: empty(),
+            entropy: head.entropy.then(empty),
+        });
     }
     let inputs = LinearLogpInputs {
         hidden: float_primitive(hidden),
@@ -151,11 +252,24 @@ pub fn linear_logp_with_lse<B: InvariantBackend>(
         bias: bias.map(float_primitive),
         targets: targets.into_primitive(),
         ignore_index: options.ignore_index,
+        head,
     };
-    let stats: Tensor<B, 2> = float_tensor(B::invariant_linear_logp(inputs, implementation));
-    let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
-    let lse = stats.slice([0..n, 1..2]).reshape([n]);
-    Ok((logp, lse))
+    let stats = float_tensor(B::invariant_linear_logp(inputs, implementation));
+    Ok(split_stats(stats, head))
+}
+
+/// The columns of `[N, C]` statistics as the public outputs.
+pub(crate) fn split_stats<B: InvariantBackend>(
+    stats: Tensor<B, 2>,
+    head: LogpHead,
+) -> LinearLogpOutput<B> {
+    let n = stats.dims()[0];
+    let column = |c: usize| stats.clone().slice([0..n, c..c + 1]).reshape([n]);
+    LinearLogpOutput {
+        logp: column(0),
+        lse: column(1),
+        entropy: head.entropy.then(|| column(2)),
+    }
 }
 
 /// Every check of `linear_logp` (docs/CONTRACT.md, *Errors*), then the registry's choice.
@@ -168,6 +282,7 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
 ) -> Result<Implementation, InvariantError> {
     let ([n, d], [v, _]) = (hidden.dims(), weight.dims());
     let device = hidden.device();
+    options.head(false)?;
     validate::float_dtype("hidden", hidden.dtype())?;
     validate::same_dtype("weight", "hidden", hidden.dtype(), weight.dtype())?;
     validate::same_device::<B>("weight", "hidden", &device, &weight.device())?;

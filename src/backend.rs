@@ -38,6 +38,36 @@ pub enum Problem {
     },
 }
 
+/// The head of a `linear_logp` call beside its tensors: the softmax temperature and whether the
+/// per-row entropy is computed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogpHead {
+    /// `1 / T`, rounded to f32 once: the logits are `(hidden · weightᵀ + bias) · inv_temperature`
+    /// (1 leaves them bitwise unchanged). Finite and positive.
+    pub inv_temperature: f32,
+    /// Whether the statistics carry a third column, `entropy`.
+    pub entropy: bool,
+}
+
+impl LogpHead {
+    /// Temperature 1, no entropy: statistics `(logp, lse)`.
+    pub const PLAIN: Self = Self {
+        inv_temperature: 1.0,
+        entropy: false,
+    };
+
+    /// Columns of the statistics and of their upstream gradient: `(logp, lse[, entropy])`.
+    pub fn columns(&self) -> usize {
+        2 + usize::from(self.entropy)
+    }
+}
+
+impl Default for LogpHead {
+    fn default() -> Self {
+        Self::PLAIN
+    }
+}
+
 /// Inputs of the fused linear log-prob primitives.
 #[derive(Debug, Clone)]
 pub struct LinearLogpInputs<B: Backend> {
@@ -50,8 +80,10 @@ pub struct LinearLogpInputs<B: Backend> {
     /// `[N]`. A target outside `[0, V)` that is not `ignore_index` matches no column: `logp`
     /// NaN, and `dz = (dLse − dLogp)·p` (no one-hot term); the tensor-parallel leaves rely on it.
     pub targets: IntTensor<B>,
-    /// Rows whose target equals this get `logp = 0` and no logp gradient.
+    /// Rows whose target equals this get `logp = 0`, `entropy = 0` and no gradient from either.
     pub ignore_index: Option<i64>,
+    /// Temperature and entropy.
+    pub head: LogpHead,
 }
 
 /// Which gradients the backward of `linear_logp` must produce.
@@ -133,16 +165,20 @@ pub trait InvariantBackend: Backend {
         implementation: Implementation,
     ) -> FloatTensor<Self>;
 
-    /// Fused `log_softmax(hidden · weightᵀ + bias)[target]`: returns `[N, 2]` f32 with
-    /// `(logp, lse)` per row. Never materializes `[N, V]`.
+    /// Fused `log_softmax(z)[target]` with `z = (hidden · weightᵀ + bias) · inv_temperature`:
+    /// returns `[N, head.columns()]` f32 with `(logp, lse)` per row, then the entropy
+    /// `lse − Σ_j softmax(z)_j·z_j` when `head.entropy` (0 for ignored rows). Never materializes
+    /// `[N, V]`.
     fn invariant_linear_logp(
         inputs: LinearLogpInputs<Self>,
         implementation: Implementation,
     ) -> FloatTensor<Self>;
 
-    /// Backward of [`Self::invariant_linear_logp`] from the saved `stats [N, 2]` (only the lse
-    /// column is read) and the upstream `grad [N, 2]` (`dLogp`, `dLse`), recomputing logits
-    /// tile by tile. `dz = (dLse − dLogp)·p + dLogp·onehot` with `p = exp(z − lse)`.
+    /// Backward of [`Self::invariant_linear_logp`] from the saved `stats [N, C]` (the lse and
+    /// entropy columns are read) and the upstream `grad [N, C]` (`dLogp`, `dLse[, dEntropy]`),
+    /// recomputing logits tile by tile: `∂/∂logit = (dLogp·(onehot − p) + dLse·p
+    /// − dEntropy·p·(z − lse + H)) · inv_temperature` with `p = exp(z − lse)`. Rows whose
+    /// upstream gradients are all zero contribute exactly nothing.
     fn invariant_linear_logp_backward(
         inputs: LinearLogpInputs<Self>,
         stats: FloatTensor<Self>,
@@ -170,6 +206,14 @@ pub trait InvariantBackend: Backend {
         generic::merge_lse::<Self>(a, b)
     }
 
+    /// Tensor-parallel merge of `(lse, entropy)` pairs, f32 `[2, N]` each: row 0 is
+    /// [`Self::invariant_tp_merge_lse`] of the lse rows, row 1
+    /// `Σ_side w·(H + lse − lse_side)` with `w = exp(lse_side − lse)` over the two sides, a side
+    /// whose lse is −∞ adding exactly nothing.
+    fn invariant_tp_merge_entropy(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::merge_entropy::<Self>(a, b)
+    }
+
     /// Tensor-parallel owner pick: f32 `[2, N]` holding a leaf's `(logp, lse)` from
     /// `stats [N, 2]` in the rows it owns (`leaf_targets ≥ 0`), `acc [2, N]` (or 0) elsewhere.
     fn invariant_tp_pick(
@@ -194,7 +238,8 @@ pub trait InvariantBackend: Backend {
     }
 
     /// A `linear_logp` that `engine` computes from this backend's primitives and `group` (the
-    /// tensor-parallel one, `crate::tp`), on validated inputs: `[N, 2]` f32 `(logp, lse)`.
+    /// tensor-parallel one, `crate::tp`), on validated inputs: `[N, C]` f32
+    /// `(logp, lse[, entropy])` as [`Self::invariant_linear_logp`].
     /// The default runs the engine's forward; `Autodiff` overrides it to record a backward
     /// that runs the engine's backward through the same group. Fails only if the collective
     /// does.
@@ -215,14 +260,14 @@ pub trait InvariantBackend: Backend {
 /// primitives of any backend: the tensor-parallel engine. Generic over the backend so that
 /// `Autodiff<B>` can run it on `B` and record its backward.
 pub trait CollectiveLogp: core::fmt::Debug + Clone + Send + Sync + 'static {
-    /// This rank's `[N, 2]` f32 `(logp, lse)` over the global vocabulary.
+    /// This rank's `[N, C]` f32 `(logp, lse[, entropy])` over the global vocabulary.
     fn forward<B: InvariantBackend, G: Collective<B>>(
         &self,
         inputs: LinearLogpInputs<B>,
         group: &G,
     ) -> Result<FloatTensor<B>, InvariantError>;
 
-    /// Gradients of [`Self::forward`] from its `stats [N, 2]` and the upstream `grad [N, 2]`.
+    /// Gradients of [`Self::forward`] from its `stats [N, C]` and the upstream `grad [N, C]`.
     fn backward<B: InvariantBackend, G: Collective<B>>(
         &self,
         inputs: LinearLogpInputs<B>,
@@ -236,9 +281,9 @@ pub trait CollectiveLogp: core::fmt::Debug + Clone + Send + Sync + 'static {
 /// A communicator of `world_size()` ranks, seen from one of them.
 ///
 /// The tensor-parallel algorithm needs only all-gathers: validation exchanges one small host
-/// block per rank, the forward one `[items + 2, N]` f32 block, the backward one `[items, N, D]`
-/// f32 block. Every combine then happens locally in a fixed order, so no reduction order is
-/// left to the communicator (an NCCL sum-all-reduce would be).
+/// block per rank, the forward one `[items + 2, N]` f32 block (`[2·items + 2, N]` with entropy),
+/// the backward one `[items, N, D]` f32 block. Every combine then happens locally in a fixed
+/// order, so no reduction order is left to the communicator (an NCCL sum-all-reduce would be).
 ///
 /// Contract of every implementation:
 /// - every rank calls the same operations in the same order, each with a block of the same

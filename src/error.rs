@@ -79,6 +79,14 @@ pub enum InvariantError {
         /// The largest size supported.
         limit: u64,
     },
+    /// An option or scalar argument outside its domain.
+    #[error("`{arg}`: {reason}")]
+    InvalidArgument {
+        /// The offending argument (`temperature`, …).
+        arg: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// `BURN_INVARIANT_IMPL` holds a value that names no implementation.
     #[error("env BURN_INVARIANT_IMPL: expected one of `reference`, `cubecl`, `sm90`, got `{got}`")]
     InvalidOverride {

@@ -10,7 +10,10 @@ pub mod registry;
 pub mod tp;
 mod validate;
 
-pub use api::{LinearLogpOptions, linear, linear_logp, linear_logp_with_lse, matmul};
+pub use api::{
+    LinearLogpOptions, LinearLogpOutput, linear, linear_logp, linear_logp_full,
+    linear_logp_with_lse, matmul,
+};
 pub use backend::InvariantBackend;
 pub use backends::ndarray::oracle;
 pub use error::InvariantError;

@@ -91,6 +91,12 @@ fn assert_same(what: &str, got: &RankOut, expected: &RankOut) {
         &bits_of(&got.lse),
         &bits_of(&expected.lse),
     );
+    assert_eq!(got.entropy.is_some(), expected.entropy.is_some(), "{what}");
+    assert_bits_eq(
+        &format!("{what}: entropy"),
+        &bits_of(got.entropy.as_deref().unwrap_or_default()),
+        &bits_of(expected.entropy.as_deref().unwrap_or_default()),
+    );
     assert_bits_eq(
         &format!("{what}: dHidden"),
         &bits_of(&got.hidden),
@@ -108,8 +114,9 @@ fn assert_close(what: &str, got: &[f32], expected: &[f32], atol: f32, rtol: f32)
     }
 }
 
-/// Segment-aligned shards: logp, lse, dHidden (and the concatenated dWeight/dBias) are bitwise
-/// the same for world sizes 1, 2 and 4, on every rank.
+/// Segment-aligned shards: logp, lse, entropy, dHidden (and the concatenated dWeight/dBias) are
+/// bitwise the same for world sizes 1, 2 and 4, on every rank; the last case is the RL head
+/// (temperature 0.7, entropy).
 #[test]
 #[serial]
 fn nccl_tp_is_bitwise_invariant_across_world_sizes() {
@@ -117,11 +124,15 @@ fn nccl_tp_is_bitwise_invariant_across_world_sizes() {
     if gpus == 0 {
         return;
     }
-    for (shape, dtype, with_bias, seed) in [
-        ([37, 136, 50021], DType::BF16, true, 11),
-        ([29, 72, 4100], DType::F32, false, 12),
+    for (shape, dtype, with_bias, seed, head) in [
+        ([37, 136, 50021], DType::BF16, true, 11, false),
+        ([29, 72, 4100], DType::F32, false, 12, false),
+        ([37, 136, 50021], DType::BF16, true, 13, true),
     ] {
-        let p = problem(shape, dtype, with_bias, Some(5), seed);
+        let mut p = problem(shape, dtype, with_bias, Some(5), seed);
+        if head {
+            p.options = p.options.with_temperature(0.7).with_entropy(true);
+        }
         let reference = run_nccl(&p, &split(1, p.v));
         for world in [2, 4].into_iter().filter(|&w| w <= gpus) {
             let outs = run_nccl(&p, &split(world, p.v));

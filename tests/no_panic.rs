@@ -1,8 +1,9 @@
 #![allow(unused_macros)] // the shared test module's suite macro is not used here
-//! Random valid and invalid calls of the public API (`matmul`, `linear`, `linear_logp_with_lse`
-//! and its backward) must return `Ok` or an `Err`, never panic: shapes with zeros, targets of
-//! every integer dtype the backend holds, NaN/Inf inputs, targets out of range, mismatched dtypes
-//! and shapes, `ignore_index` and `skip_target_check` on and off. 500 calls per backend (NdArray,
+//! Random valid and invalid calls of the public API (`matmul`, `linear`, `linear_logp_full` and
+//! its backward) must return `Ok` or an `Err`, never panic: shapes with zeros, targets of every
+//! integer dtype the backend holds, NaN/Inf inputs, targets out of range, mismatched dtypes and
+//! shapes, `ignore_index` and `skip_target_check` on and off, valid and invalid temperatures,
+//! entropy on and off. 500 calls per backend (NdArray,
 //! wgpu raw and under Fusion), each
 //! under `catch_unwind`; the inputs are built outside it (a panic of Burn's own constructors is
 //! not a panic of this crate).
@@ -111,20 +112,29 @@ fn drive<B: AutodiffBackend + InvariantBackend>(
                     options = options.with_ignore_index(-100);
                 }
                 options = options.with_skip_target_check(rng.below(3) == 0);
+                // The RL head: temperatures valid and not, entropy on and off.
+                let temperatures = [1.0, 0.7, 1.7, 0.0, -1.0, f64::NAN, f64::INFINITY, 1e-300];
+                options = options
+                    .with_temperature(temperatures[rng.below(temperatures.len())])
+                    .with_entropy(rng.below(2) == 0);
                 let backward = rng.below(2) == 0;
                 catch_unwind(AssertUnwindSafe(|| {
-                    burn_invariant::linear_logp_with_lse(
+                    burn_invariant::linear_logp_full(
                         hidden.clone(),
                         weight.clone(),
                         targets,
                         bias.clone(),
                         &options,
                     )
-                    .map(|(logp, lse)| {
+                    .map(|out| {
                         if backward {
-                            backward_if_any(logp * 0.5 + lse);
+                            let mut loss = out.logp * 0.5 + out.lse;
+                            if let Some(entropy) = out.entropy {
+                                loss = loss + entropy * 0.25;
+                            }
+                            backward_if_any(loss);
                         } else {
-                            let _ = logp.into_data();
+                            let _ = out.logp.into_data();
                         }
                     })
                 }))

@@ -49,9 +49,14 @@ fn cuts(v: usize, cuts: &[usize]) -> Vec<VocabShard> {
         .collect()
 }
 
-/// Every rank returned the same logp, lse and dHidden, bit for bit.
+/// Every rank returned the same logp, lse, entropy and dHidden, bit for bit.
 fn assert_ranks_agree(what: &str, outs: &[RankOut]) {
     for (rank, out) in outs.iter().enumerate().skip(1) {
+        assert_bits_eq(
+            &format!("{what}: entropy rank {rank} vs 0"),
+            &bits_of(out.entropy.as_deref().unwrap_or_default()),
+            &bits_of(outs[0].entropy.as_deref().unwrap_or_default()),
+        );
         assert_bits_eq(
             &format!("{what}: logp rank {rank} vs 0"),
             &bits_of(&out.logp),
@@ -85,13 +90,19 @@ fn concat_bias(outs: &[RankOut]) -> Option<Vec<f32>> {
 
 #[test]
 fn segment_aligned_tp_is_bitwise_invariant_across_world_sizes() {
-    // V = 600: segments of 75 rows; V = 2100: segments on 256-row tile boundaries.
-    for (shape, with_bias, ignore_every, seed) in [
-        ([13, 24, 600], true, Some(4), 1),
-        ([9, 16, 2100], false, None, 2),
-        ([7, 33, 2048], true, Some(3), 3),
+    // V = 600: segments of 75 rows; V = 2100: segments on 256-row tile boundaries. The last
+    // two: the RL head (temperature, entropy).
+    for (shape, with_bias, ignore_every, seed, head) in [
+        ([13, 24, 600], true, Some(4), 1, None),
+        ([9, 16, 2100], false, None, 2, None),
+        ([7, 33, 2048], true, Some(3), 3, None),
+        ([13, 24, 600], true, Some(4), 4, Some(0.7)),
+        ([9, 16, 2100], true, Some(3), 5, Some(1.7)),
     ] {
-        let p = problem(shape, DType::F32, with_bias, ignore_every, seed);
+        let mut p = problem(shape, DType::F32, with_bias, ignore_every, seed);
+        if let Some(t) = head {
+            p.options = p.options.with_temperature(t).with_entropy(true);
+        }
         let bounds = segment_bounds(p.v);
         let reference = run_tp(&p, &split(1, p.v));
         for world in [2, 4, 8] {
@@ -115,6 +126,12 @@ fn segment_aligned_tp_is_bitwise_invariant_across_world_sizes() {
                 &format!("{what}: lse vs world 1"),
                 &bits_of(&outs[0].lse),
                 &bits_of(&reference[0].lse),
+            );
+            assert_eq!(outs[0].entropy.is_some(), head.is_some(), "{what}: entropy");
+            assert_bits_eq(
+                &format!("{what}: entropy vs world 1"),
+                &bits_of(outs[0].entropy.as_deref().unwrap_or_default()),
+                &bits_of(reference[0].entropy.as_deref().unwrap_or_default()),
             );
             assert_bits_eq(
                 &format!("{what}: dHidden vs world 1"),
@@ -151,6 +168,13 @@ fn assert_matches_single_rank(what: &str, outs: &[RankOut], single: &RankOut) {
     let o = &outs[0];
     assert_close(&format!("{what}: logp"), &o.logp, &single.logp, 1e-5, 1e-5);
     assert_close(&format!("{what}: lse"), &o.lse, &single.lse, 1e-5, 1e-5);
+    match (&o.entropy, &single.entropy) {
+        (Some(got), Some(expected)) => {
+            assert_close(&format!("{what}: entropy"), got, expected, 2e-5, 1e-4)
+        }
+        (None, None) => {}
+        _ => panic!("{what}: entropy presence differs"),
+    }
     assert_close(
         &format!("{what}: dHidden"),
         &o.hidden,
@@ -188,6 +212,18 @@ fn matches_the_single_rank_api_for_1_2_3_4_ranks_and_uneven_shards() {
         ("world 4 uneven", cuts(p.v, &[75, 76, 599])),
     ];
     for (what, shards) in layouts {
+        let outs = run_tp(&p, &shards);
+        assert_matches_single_rank(what, &outs, &single);
+    }
+    // The RL head: temperature and entropy, the same layouts.
+    let mut p = problem([11, 20, 600], DType::F32, true, Some(5), 9);
+    p.options = p.options.with_temperature(0.3).with_entropy(true);
+    let single = single_rank::<AD>(&p, &Default::default());
+    for (what, shards) in [
+        ("head world 1", split(1, p.v)),
+        ("head world 3 uneven", cuts(p.v, &[1, 420])),
+        ("head world 4 aligned", split(4, p.v)),
+    ] {
         let outs = run_tp(&p, &shards);
         assert_matches_single_rank(what, &outs, &single);
     }
@@ -668,13 +704,17 @@ mod wgpu {
     where
         X: burn::tensor::backend::AutodiffBackend + InvariantBackend,
     {
-        for (shape, with_bias, ignore_every, seed) in [
-            ([13, 24, 600], true, Some(4), 21),
-            ([9, 16, 2100], false, None, 22),
+        for (shape, with_bias, ignore_every, seed, head) in [
+            ([13, 24, 600], true, Some(4), 21, None),
+            ([9, 16, 2100], false, None, 22, None),
+            ([13, 24, 600], true, Some(4), 23, Some(0.7)),
         ] {
             let mut p = problem(shape, DType::F32, with_bias, ignore_every, seed);
             p.targets[1] = p.v as i64; // NaN, like the single-rank API
             p.options.skip_target_check = true;
+            if let Some(t) = head {
+                p.options = p.options.with_temperature(t).with_entropy(true);
+            }
             let single = single_rank::<AD>(&p, &Default::default());
             let reference = run_on::<X>(&p, &split(1, p.v), device);
             assert_matches_single_rank("world 1", &reference, &single);
@@ -686,9 +726,16 @@ mod wgpu {
                 let outs = run_on::<X>(&p, &split(world, p.v), device);
                 let what = format!("V={} world={world}", p.v);
                 assert_ranks_agree(&what, &outs);
+                let no_entropy = Vec::new();
+                let entropy = |o: &RankOut| o.entropy.clone().unwrap_or_default();
+                let (got_h, ref_h) = match head {
+                    Some(_) => (entropy(&outs[0]), entropy(&reference[0])),
+                    None => (no_entropy.clone(), no_entropy),
+                };
                 for (name, got, expected) in [
                     ("logp", &outs[0].logp, &reference[0].logp),
                     ("lse", &outs[0].lse, &reference[0].lse),
+                    ("entropy", &got_h, &ref_h),
                     ("dHidden", &outs[0].hidden, &reference[0].hidden),
                 ] {
                     assert_bits_eq(
@@ -814,6 +861,43 @@ mod wgpu {
         assert_eq!(got[4], inf, "inf ⊕ inf = inf");
         assert_eq!(got[5], -inf, "-inf ⊕ -inf = -inf");
         assert!(got[6].is_nan() && got[7].is_nan(), "NaN propagates");
+
+        // The (lse, entropy) merge: the lse row bitwise the lse merge's, the entropy row within a
+        // few ulps of the Burn ops; an empty side (lse −∞) adds exactly nothing.
+        let (ha, hb): (Vec<f32>, Vec<f32>) = (0..a.len())
+            .map(|i| (0.1 + i as f32 * 0.3, 2.0 - i as f32 * 0.1))
+            .unzip();
+        let pair = |x: &[f32], h: &[f32]| [x, h].concat();
+        let m = a.len();
+        let got_pair = back::<Raw, 2>(Raw::invariant_tp_merge_entropy(
+            prim(float::<Raw, 2>(pair(&a, &ha), [2, m], &device, DType::F32)),
+            prim(float::<Raw, 2>(pair(&b, &hb), [2, m], &device, DType::F32)),
+        ));
+        let want_pair = back::<B, 2>(B::invariant_tp_merge_entropy(
+            prim(float::<B, 2>(pair(&a, &ha), [2, m], &cpu, DType::F32)),
+            prim(float::<B, 2>(pair(&b, &hb), [2, m], &cpu, DType::F32)),
+        ));
+        assert_eq!(
+            bits_of(&got_pair[..m]),
+            bits_of(&got),
+            "merge_entropy's lse row is merge_lse"
+        );
+        for i in 0..m {
+            let (g, w) = (got_pair[m + i], want_pair[m + i]);
+            let ok = (g - w).abs() <= 8.0 * f32::EPSILON * w.abs().max(1.0)
+                || (g.is_nan() && w.is_nan());
+            assert!(ok, "merge_entropy entropy {i}: got {g}, expected {w}");
+        }
+        assert_eq!(
+            got_pair[m + 3],
+            hb[3],
+            "an empty side adds nothing to the entropy"
+        );
+        assert_eq!(
+            got_pair[m + 10],
+            ha[10],
+            "an empty side adds nothing to the entropy"
+        );
 
         let n = targets.len();
         let stats: Vec<f32> = (0..2 * n).map(|i| i as f32 * 0.5 - 3.0).collect();

@@ -65,8 +65,9 @@ pub const LOGP_VOCAB_TILE: usize = FMA_BN;
 /// in ascending tile order by one cube per row block, and the segment partials are merged in
 /// ascending segment order by a second kernel.
 pub const LOGP_FWD_SEGMENT: usize = 4096;
-/// Floats per (segment, row) in the forward workspace: running max, running sum-exp, target logit.
-pub const LOGP_PARTIAL_STRIDE: usize = 3;
+/// Floats per (segment, row) in the forward workspace: running max, running sum-exp, target logit,
+/// and (with entropy) the running `Σ exp(z − max)·(z − max)`.
+pub const LOGP_PARTIAL_STRIDE: usize = 4;
 
 /// `linear_logp` on tensor cores (f16 / bf16 where the cmma GEMM runs): token rows per forward
 /// chunk. Logits of a `TC_FWD_ROWS × TC_FWD_VOCAB` chunk go through an f32 scratch (64 MiB; 1024-row

@@ -60,6 +60,40 @@ fn merge_lse_kernel(a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>, n: 
     }
 }
 
+/// `out [2, N]` from `(lse, entropy)` pairs `a`, `b` `[2, N]`: row 0 `a ⊕ b` as in
+/// `merge_lse_kernel`; row 1 `Σ_side w·(H + lse − lse_side)`, `w = exp(lse_side − lse)`, a side
+/// whose lse is −∞ adding exactly nothing.
+/// (`neg_inf` is a launch scalar: WGSL has no infinite literal.)
+#[cube(launch_unchecked)]
+fn merge_entropy_kernel(
+    a: &Tensor<f32>,
+    b: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    n_rows: u32,
+    neg_inf: f32,
+) {
+    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let n = n_rows as usize;
+    if row < n {
+        let x = a[row];
+        let y = b[row];
+        let max = select(x > y, x, y);
+        let gap = select(x == y, 0.0f32, -f32::abs(x - y));
+        let lse = max + f32::log1p(f32::exp(gap));
+        let h =
+            entropy_side(x, a[n + row], lse, neg_inf) + entropy_side(y, b[n + row], lse, neg_inf);
+        out[row] = lse;
+        out[n + row] = h;
+    }
+}
+
+/// One side's share of a merged entropy: `w·(H + lse − lse_side)`, `w = exp(lse_side − lse)`.
+#[cube]
+fn entropy_side(lse_side: f32, h: f32, lse: f32, neg_inf: f32) -> f32 {
+    let gap = lse_side - lse;
+    select(lse_side == neg_inf, 0.0f32, f32::exp(gap) * (h - gap))
+}
+
 /// `out [2, N]`: row 0 the leaf's `logp`, row 1 its `lse` where the leaf owns the row
 /// (`leaf_targets ≥ 0`), `acc` (or 0) elsewhere.
 #[cube(launch_unchecked)]
@@ -226,6 +260,24 @@ pub fn leaf_targets<R: Runtime>(
     Ok(())
 }
 
+/// The checks of a merge over contiguous f32 operands `[lead.., N]`, and its launch grid (`None`
+/// for N = 0: nothing to launch).
+fn merge_grid<R: Runtime>(
+    client: &ComputeClient<R>,
+    [a, b, out]: [&TensorBinding<R>; 3],
+    lead: &[usize],
+) -> Result<Option<(CubeCount, u32)>, KernelError> {
+    let n = a.shape.get(lead.len()).copied().unwrap_or(0);
+    let shape = [lead, &[n]].concat();
+    contiguous("a", a, &shape, 4, false)?;
+    contiguous("b", b, &shape, 4, false)?;
+    contiguous("out", out, &shape, 4, true)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    rows(client, n).map(Some)
+}
+
 /// `out = a ⊕ b` element-wise over contiguous f32 `[N]` (see the module docs).
 pub fn merge_lse<R: Runtime>(
     client: &ComputeClient<R>,
@@ -233,14 +285,9 @@ pub fn merge_lse<R: Runtime>(
     b: &TensorBinding<R>,
     out: &TensorBinding<R>,
 ) -> Result<(), KernelError> {
-    let n = a.shape.first().copied().unwrap_or(0);
-    contiguous("a", a, &[n], 4, false)?;
-    contiguous("b", b, &[n], 4, false)?;
-    contiguous("out", out, &[n], 4, true)?;
-    if n == 0 {
+    let Some((count, n32)) = merge_grid(client, [a, b, out], &[])? else {
         return Ok(());
-    }
-    let (count, n32) = rows(client, n)?;
+    };
     unsafe {
         merge_lse_kernel::launch_unchecked::<R>(
             client,
@@ -250,6 +297,32 @@ pub fn merge_lse<R: Runtime>(
             raw_arg(b),
             raw_arg(out),
             n32,
+        );
+    }
+    Ok(())
+}
+
+/// `out = a ⊕ b` over contiguous f32 `[2, N]` `(lse, entropy)` pairs (see
+/// `merge_entropy_kernel`).
+pub fn merge_entropy<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &TensorBinding<R>,
+    b: &TensorBinding<R>,
+    out: &TensorBinding<R>,
+) -> Result<(), KernelError> {
+    let Some((count, n32)) = merge_grid(client, [a, b, out], &[2])? else {
+        return Ok(());
+    };
+    unsafe {
+        merge_entropy_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(BLOCK as u32),
+            raw_arg(a),
+            raw_arg(b),
+            raw_arg(out),
+            n32,
+            f32::NEG_INFINITY,
         );
     }
     Ok(())

@@ -107,6 +107,8 @@ fn inputs<'a, R: Runtime>(dev: &'a Dev<R>, p: &Problem) -> LogpInputRefs<'a, R> 
         targets_dtype: i32_storage(),
         ignore_index: Some(IGN),
         dtype: p.dt.storage(),
+        inv_temperature: 1.0,
+        entropy: false,
     }
 }
 

@@ -171,6 +171,8 @@ fn perf_cuda() {
                 targets_dtype: i32_storage(),
                 ignore_index: None,
                 dtype: dt.storage(),
+                inv_temperature: 1.0,
+                entropy: false,
             };
             linear_logp_forward(client, &inp, stats.b(), ws.b()).unwrap();
             sync();

@@ -20,7 +20,7 @@ KDIR = os.path.dirname(HERE)
 SOURCES = {
     "gemm_sm90.cu": [f"ib_gemm_{l}{s}_{t}" for t in ("bf16", "f16") for l, s in
                      (("nn", ""), ("nt", ""), ("tn", ""), ("nn", "_small"), ("nt", "_small"))],
-    "linear_logp_sm90.cu": [f"ib_logp_{k}_{t}" for t in ("bf16", "f16") for k in ("fwd", "bwd_dz", "bwd_dbias")]
+    "linear_logp_sm90.cu": [f"ib_logp_{k}_{t}" for t in ("bf16", "f16") for k in ("fwd", "fwd_ent", "bwd_dz", "bwd_dz_ent", "bwd_dbias")]
     + ["ib_logp_merge"],
     "stream_sync.cu": ["ib_signal", "ib_wait", "ib_copy"],
 }

@@ -314,12 +314,13 @@ def logp_fwd(H, W, targets, bias=None, ignore_index=None):
     ws = torch.empty((nseg * N * 2,), device="cuda")
     flags = (LOGP_HAS_BIAS if bias is not None else 0) | (LOGP_HAS_IGNORE if ignore_index is not None else 0)
     maps = [tmap(H, N, D, D), tmap(W, V, D, D)]
-    p = struct.pack("<IIIIq", N, V, D, flags, ignore_index or 0)
+    p = struct.pack("<IIIIqfI", N, V, D, flags, ignore_index or 0, 1.0, 0)  # temperature 1
     items = -(-(-(-N // 128)) // 2) * nseg  # (row-block pair, segment) items, one per 2-CTA cluster
-    bufs = [H, W, H, W, bias, targets, logp, lse, ws]
+    # wu and ent (the entropy entries' buffers) are not read without LOGP_ENTROPY: any buffer
+    bufs = [H, W, H, W, bias, targets, logp, lse, ws, ws, ws]
     launch("linear_logp_sm90.cu", f"ib_logp_fwd_{sfx(H.dtype)}", 2 * min(items, NUM_SMS // 2), 384, LOGP_SMEM, maps,
            bufs, p)
-    launch("linear_logp_sm90.cu", "ib_logp_merge", -(-N // 8), 256, 0, [], [targets, logp, lse, ws], p)
+    launch("linear_logp_sm90.cu", "ib_logp_merge", -(-N // 8), 256, 0, [], [targets, logp, lse, ws, ws, ws], p)
     return logp, lse
 
 
@@ -344,9 +345,9 @@ def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tc
             if bias is not None:
                 fl |= (DB_LOAD if ti > 0 else 0) | (DB_STORE_ACC if ti < ntc - 1 else 0) | (DB_STORE if ti == ntc - 1 else 0)
             maps = [tmap(H, tw, D, D, t0 * D), tmap(W, vw, D, D, v0 * D)]
-            p = struct.pack("<IIIIqIII", tw, vw, D, fl, ignore_index or 0, t0, v0, vchunk)
-            p += b"\0" * (40 - len(p))
-            bufs = [H, W, H, W, bias, targets, lse, g_logp, g_lse, dz, part]
+            p = struct.pack("<IIIIqIIIf", tw, vw, D, fl, ignore_index or 0, t0, v0, vchunk, 1.0)  # temperature 1
+            # ent and g_ent are read only by the entropy entries: any buffer
+            bufs = [H, W, H, W, bias, targets, lse, g_logp, g_lse, lse, lse, dz, part]
             tiles = -(-(-(-tw // 128)) // 2) * -(-vw // 256)  # (row-block pair, vocab tile), one per cluster
             launch("linear_logp_sm90.cu", f"ib_logp_bwd_dz_{sfx(dt)}", 2 * min(tiles, NUM_SMS // 2), 384, LOGP_BWD_SMEM, maps,
                    bufs, p)

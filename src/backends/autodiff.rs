@@ -19,7 +19,7 @@ use burn_autodiff::{
 use crate::InvariantError;
 use crate::backend::{
     Collective, CollectiveLogp, GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs,
-    Problem,
+    LogpHead, Problem,
 };
 use crate::registry::{Candidate, Implementation, Op};
 
@@ -247,6 +247,7 @@ struct LogpState<B: InvariantBackend, K> {
     targets: IntTensor<B>,
     stats: FloatTensor<B>,
     ignore_index: Option<i64>,
+    head: LogpHead,
     gradients: K,
 }
 
@@ -272,6 +273,7 @@ fn logp_backward<B: InvariantBackend, K: LogpGradients<B>, const N: usize>(
         bias: state.bias.map(|id| checkpointer.retrieve_node_output(id)),
         targets: state.targets,
         ignore_index: state.ignore_index,
+        head: state.head,
     };
     let computed = state
         .gradients
@@ -320,6 +322,7 @@ fn inner_inputs<B: InvariantBackend, C: CheckpointStrategy>(
         bias: inputs.bias.as_ref().map(|b| b.primitive.clone()),
         targets: inputs.targets.clone(),
         ignore_index: inputs.ignore_index,
+        head: inputs.head,
     }
 }
 
@@ -347,6 +350,7 @@ where
                 targets: inputs.targets,
                 stats: stats.clone(),
                 ignore_index: inputs.ignore_index,
+                head: inputs.head,
                 gradients,
             };
             Ok(prep.finish(state, stats))

@@ -216,7 +216,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             ..inputs
         };
         let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
-        let stats = empty(&inputs.hidden, vec![n, 2], DType::F32);
+        let stats = empty(&inputs.hidden, vec![n, inputs.head.columns()], DType::F32);
         if n == 0 {
             return stats;
         }
@@ -274,6 +274,18 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         let (a, b) = (into_contiguous(a), into_contiguous(b));
         let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
         launched(tp_kernels::merge_lse(
+            &a.client,
+            &a.clone().binding(),
+            &b.binding(),
+            &out.clone().binding(),
+        ));
+        out
+    }
+
+    fn invariant_tp_merge_entropy(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (a, b) = (into_contiguous(a), into_contiguous(b));
+        let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
+        launched(tp_kernels::merge_entropy(
             &a.client,
             &a.clone().binding(),
             &b.binding(),
@@ -437,6 +449,8 @@ impl<R: CubeRuntime> LogpBindings<R> {
             targets_dtype: inputs.targets.dtype.into(),
             ignore_index: inputs.ignore_index,
             dtype: inputs.hidden.dtype.into(),
+            inv_temperature: inputs.head.inv_temperature,
+            entropy: inputs.head.entropy,
         }
     }
 }

@@ -10,7 +10,9 @@ use burn_fusion::{
 };
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, Problem};
+use crate::backend::{
+    GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, LogpHead, Problem,
+};
 use crate::registry::{Candidate, Implementation, Op};
 
 /// Which primitive a custom op runs, with its non-tensor arguments.
@@ -25,10 +27,12 @@ enum Primitive {
     LinearLogp {
         bias: bool,
         ignore_index: Option<i64>,
+        head: LogpHead,
     },
     LinearLogpBackward {
         bias: bool,
         ignore_index: Option<i64>,
+        head: LogpHead,
         request: GradRequest,
     },
 }
@@ -51,7 +55,7 @@ impl<B: FusionBackend + InvariantBackend> Operation<B::FusionRuntime> for Invari
         let float =
             |handles: &mut HandleContainer<_>, i: usize| handles.get_float_tensor::<B>(&inputs[i]);
         let imp = self.implementation;
-        let logp_inputs = |handles: &mut HandleContainer<_>, bias: bool, ignore_index| {
+        let logp_inputs = |handles: &mut HandleContainer<_>, bias: bool, ignore_index, head| {
             // Inputs: hidden, weight, [bias], targets, ...
             let targets_at = if bias { 3 } else { 2 };
             LinearLogpInputs::<B> {
@@ -60,6 +64,7 @@ impl<B: FusionBackend + InvariantBackend> Operation<B::FusionRuntime> for Invari
                 bias: bias.then(|| float(handles, 2)),
                 targets: handles.get_int_tensor::<B>(&inputs[targets_at]),
                 ignore_index,
+                head,
             }
         };
         let results: Vec<FloatTensor<B>> = match self.primitive {
@@ -79,19 +84,24 @@ impl<B: FusionBackend + InvariantBackend> Operation<B::FusionRuntime> for Invari
                 imp,
             )],
             Primitive::SumRows => vec![B::invariant_sum_rows(float(handles, 0), imp)],
-            Primitive::LinearLogp { bias, ignore_index } => {
+            Primitive::LinearLogp {
+                bias,
+                ignore_index,
+                head,
+            } => {
                 vec![B::invariant_linear_logp(
-                    logp_inputs(handles, bias, ignore_index),
+                    logp_inputs(handles, bias, ignore_index, head),
                     imp,
                 )]
             }
             Primitive::LinearLogpBackward {
                 bias,
                 ignore_index,
+                head,
                 request,
             } => {
                 let targets_at = if bias { 3 } else { 2 };
-                let logp = logp_inputs(handles, bias, ignore_index);
+                let logp = logp_inputs(handles, bias, ignore_index, head);
                 let stats = float(handles, targets_at + 1);
                 let grad = float(handles, targets_at + 2);
                 let grads = B::invariant_linear_logp_backward(logp, stats, grad, request, imp);
@@ -261,6 +271,7 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
         let primitive = Primitive::LinearLogp {
             bias: inputs.bias.is_some(),
             ignore_index: inputs.ignore_index,
+            head: inputs.head,
         };
         let floats = [Some(inputs.hidden), Some(inputs.weight), inputs.bias]
             .into_iter()
@@ -273,7 +284,7 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
             floats,
             Some(inputs.targets),
             vec![],
-            (Shape::from(vec![n, 2]), DType::F32),
+            (Shape::from(vec![n, inputs.head.columns()]), DType::F32),
         )
     }
 
@@ -302,6 +313,7 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
         let primitive = Primitive::LinearLogpBackward {
             bias: has_bias,
             ignore_index: inputs.ignore_index,
+            head: inputs.head,
             request,
         };
         let floats = [Some(inputs.hidden), Some(inputs.weight), inputs.bias]

@@ -54,6 +54,27 @@ pub(crate) fn merge_lse<B: InvariantBackend>(
     float_primitive(max + gap.exp().log1p())
 }
 
+pub(crate) fn merge_entropy<B: InvariantBackend>(
+    a: FloatTensor<B>,
+    b: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let (a, b) = (float_tensor::<B, 2>(a), float_tensor::<B, 2>(b));
+    let n = a.dims()[1];
+    let row = |t: &Tensor<B, 2>, i: usize| t.clone().slice([i..i + 1, 0..n]).reshape([n]);
+    let (la, ha, lb, hb) = (row(&a, 0), row(&a, 1), row(&b, 0), row(&b, 1));
+    let lse = float_tensor::<B, 1>(merge_lse::<B>(
+        float_primitive(la.clone()),
+        float_primitive(lb.clone()),
+    ));
+    let side = |l: Tensor<B, 1>, h: Tensor<B, 1>| {
+        let gap = l.clone() - lse.clone();
+        let empty = l.equal_elem(f32::NEG_INFINITY);
+        (gap.clone().exp() * (h - gap)).mask_fill(empty, 0.0)
+    };
+    let h = side(la, ha) + side(lb, hb);
+    float_primitive(Tensor::stack::<2>(vec![lse, h], 0))
+}
+
 pub(crate) fn pick<B: InvariantBackend>(
     acc: Option<FloatTensor<B>>,
     stats: FloatTensor<B>,

@@ -27,8 +27,10 @@ const BAD_INDEX: usize = 15;
 const BAD_VALUE: usize = 16;
 const GRAD: usize = 17;
 const IMPL: usize = 18;
-const MSG_LEN: usize = 19;
-const MSG: usize = 20;
+const TEMPERATURE: usize = 19;
+const ENTROPY: usize = 20;
+const MSG_LEN: usize = 21;
+const MSG: usize = 22;
 /// A failing rank's message travels in this many bytes (truncated on a char boundary).
 const MSG_BYTES: usize = 512;
 const WORDS: usize = MSG + MSG_BYTES / 8;
@@ -86,6 +88,8 @@ pub(crate) struct RankInputs<'a, B: InvariantBackend> {
     pub bias: Option<&'a Tensor<B, 1>>,
     pub shard: &'a VocabShard,
     pub options: &'a LinearLogpOptions,
+    /// Whether this call computes the entropy (`tp::linear_logp_full` with it requested).
+    pub entropy: bool,
 }
 
 /// This rank's checks, writing the table row; `Err` is this rank's own failure.
@@ -100,6 +104,7 @@ fn local<B: InvariantBackend>(
         bias,
         shard,
         options,
+        entropy,
     } = inputs;
     let ([n, d], [v_local, _]) = (hidden.dims(), weight.dims());
     row[START] = shard.start as u64;
@@ -112,6 +117,8 @@ fn local<B: InvariantBackend>(
     row[IGNORE_SET] = options.ignore_index.is_some() as u64;
     row[IGNORE] = options.ignore_index.unwrap_or(0) as u64;
     row[SKIP] = options.skip_target_check as u64;
+    row[TEMPERATURE] = options.temperature.to_bits();
+    row[ENTROPY] = *entropy as u64;
     row[GRAD] = hidden.is_require_grad() as u64;
     if shard.start >= shard.end || shard.end > shard.global_vocab {
         return Err(InvariantError::Partition {
@@ -233,7 +240,7 @@ fn check_membership(table: &[&[u64]]) -> Result<(), InvariantError> {
 type Render = Box<dyn Fn(&[u64]) -> String>;
 
 /// The fields every rank must agree on: what, the words that hold it, how to show it.
-fn agreed_fields() -> [(&'static str, &'static [usize], Render); 9] {
+fn agreed_fields() -> [(&'static str, &'static [usize], Render); 11] {
     let plain = |w: usize| move |row: &[u64]| row[w].to_string();
     let flag = |w: usize| move |row: &[u64]| (row[w] != 0).to_string();
     [
@@ -266,6 +273,16 @@ fn agreed_fields() -> [(&'static str, &'static [usize], Render); 9] {
             }),
         ),
         ("`options.skip_target_check`", &[SKIP], Box::new(flag(SKIP))),
+        (
+            "`options.temperature`",
+            &[TEMPERATURE],
+            Box::new(|row: &[u64]| f64::from_bits(row[TEMPERATURE]).to_string()),
+        ),
+        (
+            "whether the entropy is computed (`tp::linear_logp_full` with `options.entropy`)",
+            &[ENTROPY],
+            Box::new(flag(ENTROPY)),
+        ),
         (
             "whether `hidden` requires a gradient (every rank takes part in its backward)",
             &[GRAD],

@@ -7,7 +7,7 @@
 //! row −2 (no column of this leaf). A leaf's computation therefore does not depend on which
 //! rank runs it.
 use burn::tensor::{
-    DType, Tensor,
+    DType, Int, Tensor,
     ops::{FloatTensor, IntTensor},
 };
 
@@ -16,6 +16,7 @@ use super::trace::Trace;
 use crate::InvariantError;
 use crate::backend::{
     Collective, CollectiveLogp, GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs,
+    LogpHead,
 };
 use crate::backends::generic::{float_primitive, float_tensor};
 use crate::registry::Implementation;
@@ -63,11 +64,22 @@ impl CollectiveLogp for Engine {
 /// (the leaf owns it), −1 (ignored) or −2 (it lies in another leaf: no column of this one).
 const SENTINEL: i64 = -1;
 
-fn merge_lse<B: InvariantBackend>(a: Tensor<B, 1>, b: Tensor<B, 1>) -> Tensor<B, 1> {
-    float_tensor(B::invariant_tp_merge_lse(
-        float_primitive(a),
-        float_primitive(b),
-    ))
+/// The combine of the tree over `[k, N]` values: the lse row (`k = 1`), or `(lse, entropy)`
+/// rows (`k = 2`, with entropy).
+fn merge_stats<B: InvariantBackend>(a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
+    let [k, n] = a.dims();
+    if k == 1 {
+        let merged: Tensor<B, 1> = float_tensor(B::invariant_tp_merge_lse(
+            float_primitive(a.reshape([n])),
+            float_primitive(b.reshape([n])),
+        ));
+        merged.reshape([1, n])
+    } else {
+        float_tensor(B::invariant_tp_merge_entropy(
+            float_primitive(a),
+            float_primitive(b),
+        ))
+    }
 }
 
 /// One rank's inputs.
@@ -77,6 +89,7 @@ struct Ctx<B: InvariantBackend> {
     bias: Option<Tensor<B, 1>>,
     targets: IntTensor<B>,
     ignore_index: Option<i64>,
+    head: LogpHead,
     offset: usize,
     n: usize,
     d: usize,
@@ -94,6 +107,7 @@ impl<B: InvariantBackend> Ctx<B> {
             bias: inputs.bias.map(float_tensor),
             targets: inputs.targets,
             ignore_index: inputs.ignore_index,
+            head: inputs.head,
             offset: plan.shard().0,
             n,
             d,
@@ -104,6 +118,21 @@ impl<B: InvariantBackend> Ctx<B> {
 
     fn f32_full(&self, value: f32) -> Tensor<B, 1> {
         Tensor::full([self.n], value, (&self.device, DType::F32))
+    }
+
+    /// Rows of a tree value: the lse, then the entropy when requested.
+    fn tree_rows(&self) -> usize {
+        1 + usize::from(self.head.entropy)
+    }
+
+    /// The identity of the tree's combine: lse −∞ (and entropy 0), `[k, N]`.
+    fn tree_identity(&self) -> Tensor<B, 2> {
+        let lse = self.f32_full(f32::NEG_INFINITY).unsqueeze_dim(0);
+        if self.head.entropy {
+            Tensor::cat(vec![lse, self.f32_full(0.0).unsqueeze_dim(0)], 0)
+        } else {
+            lse
+        }
     }
 
     fn f32_zeros_nd(&self) -> Tensor<B, 2> {
@@ -127,11 +156,12 @@ impl<B: InvariantBackend> Ctx<B> {
                 self.ignore_index,
             ),
             ignore_index: Some(SENTINEL),
+            head: self.head,
         }
     }
 }
 
-/// Forward on one rank: `[N, 2]` f32 `(logp, lse)`, identical on every rank.
+/// Forward on one rank: `[N, C]` f32 `(logp, lse[, entropy])`, identical on every rank.
 fn forward<B: InvariantBackend, G: Collective<B>>(
     inputs: LinearLogpInputs<B>,
     plan: &Plan,
@@ -143,25 +173,25 @@ fn forward<B: InvariantBackend, G: Collective<B>>(
     if ctx.n == 0 {
         // Every rank has N = 0 (validated), so every rank skips the exchange.
         return Ok(float_primitive(Tensor::<B, 2>::zeros(
-            [0, 2],
+            [0, ctx.head.columns()],
             (&ctx.device, DType::F32),
         )));
     }
     let mine = forward_leaves(&ctx, plan);
     trace.mark("forward leaves");
-    let (block, world, n) = (plan.block(), plan.world(), ctx.n);
+    let (rows, world, n) = (plan.block() * ctx.tree_rows() + 2, plan.world(), ctx.n);
     let all = group
-        .all_gather(mine.reshape([(block + 2) * n]))?
-        .reshape([world, block + 2, n]);
+        .all_gather(mine.reshape([rows * n]))?
+        .reshape([world, rows, n]);
     trace.mark("forward exchange");
     let stats = forward_combine(&ctx, plan, all);
     trace.mark("forward combine");
     Ok(stats)
 }
 
-/// This rank's block of the forward exchange, `[block + 2, N]`: the lse of each of its tree
-/// items (zero rows up to `block`), then the owning leaf's `(logp, lse)` rows, zero where this
-/// rank owns no target.
+/// This rank's block of the forward exchange, `[k·block + 2, N]`: the `[k, N]` value (lse, and
+/// entropy when requested) of each of its tree items (zero rows up to `block` items), then the
+/// owning leaf's `(logp, lse)` rows, zero where this rank owns no target.
 fn forward_leaves<B: InvariantBackend>(ctx: &Ctx<B>, plan: &Plan) -> Tensor<B, 2> {
     let n = ctx.n;
     // Exactly one leaf of one rank owns a row, so the sum of the picks over ranks is exact in
@@ -170,27 +200,24 @@ fn forward_leaves<B: InvariantBackend>(ctx: &Ctx<B>, plan: &Plan) -> Tensor<B, 2
     let mut leaf = |start: usize, end: usize| {
         let inputs = ctx.leaf_inputs(start, end);
         let leaf_targets = inputs.targets.clone();
-        let stats = B::invariant_linear_logp(inputs, ctx.implementation);
+        let stats = float_tensor::<B, 2>(B::invariant_linear_logp(inputs, ctx.implementation));
         picks = Some(B::invariant_tp_pick(
             picks.take(),
-            stats.clone(),
+            float_primitive(stats.clone().slice([0..n, 0..2])),
             leaf_targets,
         ));
-        float_tensor::<B, 2>(stats).slice([0..n, 1..2]).reshape([n])
+        stats.slice([0..n, 1..1 + ctx.tree_rows()]).swap_dims(0, 1)
     };
-    let identity = || ctx.f32_full(f32::NEG_INFINITY);
+    let identity = || ctx.tree_identity();
     let mut rows: Vec<Tensor<B, 2>> = plan
         .local_items()
         .iter()
-        .map(|&item| {
-            plan.eval_item(item, &mut leaf, &identity, &merge_lse::<B>)
-                .unsqueeze_dim(0)
-        })
+        .map(|&item| plan.eval_item(item, &mut leaf, &identity, &merge_stats::<B>))
         .collect();
-    let block = plan.block();
+    let (block, k) = (plan.block(), ctx.tree_rows());
     if rows.len() < block {
         rows.push(Tensor::zeros(
-            [block - rows.len(), n],
+            [(block - rows.len()) * k, n],
             (&ctx.device, DType::F32),
         ));
     }
@@ -202,35 +229,49 @@ fn forward_leaves<B: InvariantBackend>(ctx: &Ctx<B>, plan: &Plan) -> Tensor<B, 2
     Tensor::cat(rows, 0)
 }
 
-/// The upper levels of the tree over the gathered `[world, block + 2, N]` blocks, and the
-/// owners' picks: the final `(logp, lse)`.
+/// The upper levels of the tree over the gathered `[world, k·block + 2, N]` blocks, and the
+/// owners' picks: the final `(logp, lse[, entropy])`.
 fn forward_combine<B: InvariantBackend>(
     ctx: &Ctx<B>,
     plan: &Plan,
     all: Tensor<B, 3>,
 ) -> FloatTensor<B> {
-    let (n, block, world) = (ctx.n, plan.block(), plan.world());
-    let identity = || ctx.f32_full(f32::NEG_INFINITY);
-    let row = |rank: usize, index: usize| {
+    let (n, world, k) = (ctx.n, plan.world(), ctx.tree_rows());
+    let picks_at = plan.block() * k;
+    let identity = || ctx.tree_identity();
+    let item = |rank: usize, index: usize| {
         all.clone()
-            .slice([rank..rank + 1, index..index + 1, 0..n])
-            .reshape([n])
+            .slice([rank..rank + 1, index * k..(index + 1) * k, 0..n])
+            .reshape([k, n])
     };
-    let lse = plan.eval_global(&row, &identity, &merge_lse::<B>);
+    let tree = plan.eval_global(&item, &identity, &merge_stats::<B>);
+    let lse = tree.clone().slice([0..1, 0..n]).reshape([n]);
     let picks_of = |rank: usize| {
         all.clone()
-            .slice([rank..rank + 1, block..block + 2, 0..n])
+            .slice([rank..rank + 1, picks_at..picks_at + 2, 0..n])
             .reshape([2, n])
     };
     let picks = (1..world).fold(picks_of(0), |acc, rank| acc + picks_of(rank));
     let global_vocab = plan.shards[world - 1].1;
-    B::invariant_tp_finish(
+    let stats = B::invariant_tp_finish(
         float_primitive(picks),
         float_primitive(lse),
         ctx.targets.clone(),
         global_vocab,
         ctx.ignore_index,
-    )
+    );
+    if !ctx.head.entropy {
+        return stats;
+    }
+    let mut entropy: Tensor<B, 1> = tree.slice([1..2, 0..n]).reshape([n]);
+    if let Some(ignore) = ctx.ignore_index {
+        let targets = Tensor::<B, 1, Int>::from_primitive(ctx.targets.clone());
+        entropy = entropy.mask_fill(targets.equal_elem(ignore), 0.0);
+    }
+    float_primitive(Tensor::cat(
+        vec![float_tensor::<B, 2>(stats), entropy.reshape([n, 1])],
+        1,
+    ))
 }
 
 /// One rank's gradients before the `dHidden` exchange.
@@ -242,7 +283,7 @@ struct LocalGrads<B: InvariantBackend> {
     biases: Vec<Tensor<B, 1>>,
 }
 
-/// Backward on one rank from the forward's `stats [N, 2]` and the upstream `grad [N, 2]`.
+/// Backward on one rank from the forward's `stats [N, C]` and the upstream `grad [N, C]`.
 /// `dWeight`/`dBias` are this rank's shard; `dHidden` is combined over ranks in tree order
 /// (one all-gather, only when requested).
 fn backward<B: InvariantBackend, G: Collective<B>>(

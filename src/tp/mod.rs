@@ -69,9 +69,10 @@ pub use collective::{Collective, DEFAULT_TIMEOUT, InProcessGroup};
 pub use collective::{NCCL_DEFAULT_TIMEOUT, NcclGroup, NcclId};
 pub use plan::{Plan, SEGMENT_ALIGN, SEGMENTS, segment_bounds};
 
+use crate::api::split_stats;
 use crate::backend::LinearLogpInputs;
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::{InvariantBackend, InvariantError, LinearLogpOptions};
+use crate::{InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput};
 
 /// The vocabulary rows `[start, end)` of `[0, global_vocab)` that one rank holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -166,6 +167,54 @@ where
     B: InvariantBackend,
     G: Collective<B> + Clone + 'static,
 {
+    let out = sharded(hidden, weight, targets, bias, shard, group, options, false)?;
+    Ok((out.logp, out.lse))
+}
+
+/// Tensor-parallel [`crate::linear_logp_full`]: `logp`, the global `lse` and, with
+/// [`LinearLogpOptions::entropy`], the entropy of the global tempered softmax, each f32 `[N]`,
+/// the same on every rank and differentiable. Leaf entropies merge in the fixed tree with the
+/// leaf `lse`s, so shards on segment boundaries give the same bits for worlds 1, 2, 4 and 8.
+pub fn linear_logp_full<B, G>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    shard: &VocabShard,
+    group: &G,
+    options: &LinearLogpOptions,
+) -> Result<LinearLogpOutput<B>, InvariantError>
+where
+    B: InvariantBackend,
+    G: Collective<B> + Clone + 'static,
+{
+    sharded(
+        hidden,
+        weight,
+        targets,
+        bias,
+        shard,
+        group,
+        options,
+        options.entropy,
+    )
+}
+
+#[allow(clippy::too_many_arguments)] // the public arguments, and whether entropy is computed
+fn sharded<B, G>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    shard: &VocabShard,
+    group: &G,
+    options: &LinearLogpOptions,
+    entropy: bool,
+) -> Result<LinearLogpOutput<B>, InvariantError>
+where
+    B: InvariantBackend,
+    G: Collective<B> + Clone + 'static,
+{
     let device = hidden.device();
     let mut trace = trace::Trace::<B>::start(&device);
     let (plan, implementation) = check::collective(
@@ -176,22 +225,22 @@ where
             bias: bias.as_ref(),
             shard,
             options,
+            entropy,
         },
         group,
     )?;
+    // Every rank has the same options (checked): this fails on all of them or none.
+    let head = options.head(entropy)?;
     trace.mark("validation: verdict");
-    let n = hidden.dims()[0];
     let inputs = LinearLogpInputs {
         hidden: float_primitive(hidden),
         weight: float_primitive(weight),
         bias: bias.map(float_primitive),
         targets: targets.into_primitive(),
         ignore_index: options.ignore_index,
+        head,
     };
     let engine = engine::Engine::new(plan, implementation);
-    let stats: Tensor<B, 2> =
-        float_tensor(B::invariant_collective_linear_logp(inputs, &engine, group)?);
-    let logp = stats.clone().slice([0..n, 0..1]).reshape([n]);
-    let lse = stats.slice([0..n, 1..2]).reshape([n]);
-    Ok((logp, lse))
+    let stats = float_tensor(B::invariant_collective_linear_logp(inputs, &engine, group)?);
+    Ok(split_stats(stats, head))
 }

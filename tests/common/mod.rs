@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod ranks;
+pub mod rl_head;
 pub mod tp_problem;
 
 use burn::tensor::{
@@ -90,10 +91,20 @@ pub fn unit_roundoff(dtype: DType) -> f64 {
     }
 }
 
+/// Half the spacing of `dtype`'s subnormals: the absolute error of rounding a tiny result.
+pub fn subnormal_half_ulp(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 2f64.powi(-134),
+        DType::F16 => 2f64.powi(-25),
+        _ => 2f64.powi(-150),
+    }
+}
+
 /// Tolerance for an f32-accumulated sum of `terms` products with absolute sum `abs_sum`,
-/// rounded to `dtype`.
+/// rounded to `dtype` (relatively, or by half a subnormal step where the result is that small).
 pub fn gemm_tolerance(dtype: DType, terms: usize, abs_sum: f64) -> f64 {
-    ((terms as f64 + 2.0) * 2f64.powi(-24) + unit_roundoff(dtype)) * abs_sum + 1e-30
+    ((terms as f64 + 2.0) * 2f64.powi(-24) + unit_roundoff(dtype)) * abs_sum
+        + subnormal_half_ulp(dtype)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -229,6 +240,17 @@ impl<B: InvariantBackend> Logp<B> {
             d: self.d,
             v: self.v,
         }
+    }
+}
+
+impl<B: InvariantBackend> Logp<B> {
+    /// Rows `extra` appended whose activations are all `value` (Inf / NaN padding).
+    pub fn padded_with(&self, extra: usize, value: f32, seed: u64) -> Self {
+        let mut p = self.padded(extra, seed);
+        let device = self.hidden.device();
+        let fill = Tensor::<B, 2>::full([extra, self.d], value, (&device, self.hidden.dtype()));
+        p.hidden = Tensor::cat(vec![self.hidden.clone(), fill], 0);
+        p
     }
 }
 
@@ -585,6 +607,24 @@ pub fn logp_backward_invariance<B: AutodiffBackend + InvariantBackend>(
         &bits(pg.hidden)[..p.n * p.d],
         &dh,
     );
+    // Padding rows holding Inf or NaN with zero upstream gradients add exactly nothing either.
+    for value in [f32::INFINITY, f32::NAN] {
+        let padded = p.padded_with(17, value, 44);
+        let zeros = Tensor::<B, 1>::zeros([17], (device, DType::F32));
+        let pg = logp_grads(
+            &padded,
+            &Tensor::cat(vec![g_logp.clone(), zeros.clone()], 0),
+            &Tensor::cat(vec![g_lse.clone(), zeros], 0),
+        );
+        let pad = format!("{what}: {value} padding");
+        assert_bits_eq(&format!("{pad}: dWeight"), &bits(pg.weight), &dw);
+        assert_bits_eq(&format!("{pad}: dBias"), &bits(pg.bias.expect("bias")), &db);
+        assert_bits_eq(
+            &format!("{pad}: dHidden"),
+            &bits(pg.hidden)[..p.n * p.d],
+            &dh,
+        );
+    }
     for _ in 0..10 {
         let again = logp_grads(&p, &g_logp, &g_lse);
         assert_bits_eq(&format!("{what}: rerun dHidden"), &bits(again.hidden), &dh);
@@ -1129,6 +1169,68 @@ macro_rules! invariant_testsuite {
             let Some(device) = device() else { return };
             common::bad_input::<$backend>(&device, DTYPES[0], $other);
             common::bad_input::<$autodiff>(&device, DTYPES[0], $other);
+        }
+
+        #[test]
+        #[serial]
+        fn linear_logp_rl_head_correctness() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::rl_head::head_correctness::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_logp_rl_head_row_invariance() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::rl_head::head_row_invariance::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_logp_rl_head_gradients_vs_f64() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::rl_head::head_gradients_f64::<$autodiff>(&device, dtype, [7, 13, 97]);
+                common::rl_head::head_gradients_f64::<$autodiff>(&device, dtype, [1, 3, 4099]);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_logp_rl_head_backward_invariance() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::rl_head::head_backward_invariance::<$autodiff>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_logp_rl_head_masked_vocabulary() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::rl_head::head_masked_vocabulary::<$autodiff>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_logp_unchecked_targets_give_nan() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::rl_head::unchecked_targets_give_nan::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_logp_bad_temperature() {
+            let Some(device) = device() else { return };
+            common::rl_head::bad_temperature::<$backend>(&device, DTYPES[0]);
         }
 
         proptest::proptest! {

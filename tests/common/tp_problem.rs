@@ -2,7 +2,7 @@
 //! its tensors from, and one forward + backward through `tp` or the single-rank API.
 use burn::tensor::{DType, Int, Tensor, backend::AutodiffBackend};
 use burn_invariant::tp::{self, VocabShard};
-use burn_invariant::{InvariantBackend, LinearLogpOptions};
+use burn_invariant::{InvariantBackend, LinearLogpOptions, LinearLogpOutput};
 
 use super::{Rng, float, ints};
 
@@ -20,6 +20,8 @@ pub struct Problem {
     pub targets: Vec<i64>,
     pub g_logp: Vec<f32>,
     pub g_lse: Vec<f32>,
+    /// The entropy's upstream gradient (used when `options.entropy`).
+    pub g_ent: Vec<f32>,
     pub options: LinearLogpOptions,
 }
 
@@ -50,6 +52,7 @@ pub fn problem(
         targets,
         g_logp: rng.vec(n, 1.0),
         g_lse: rng.vec(n, 1.0),
+        g_ent: rng.vec(n, 0.5),
         options: LinearLogpOptions {
             ignore_index: ignore_every.map(|_| IGNORE),
             ..Default::default()
@@ -62,6 +65,8 @@ pub fn problem(
 pub struct RankOut {
     pub logp: Vec<f32>,
     pub lse: Vec<f32>,
+    /// With `options.entropy`.
+    pub entropy: Option<Vec<f32>>,
     pub hidden: Vec<f32>,
     pub weight: Vec<f32>,
     pub bias: Option<Vec<f32>>,
@@ -71,8 +76,8 @@ pub fn host<const D: usize, B: burn::tensor::backend::Backend>(t: Tensor<B, D>) 
     t.cast(DType::F32).into_data().to_vec().unwrap()
 }
 
-/// Forward and backward of `Σ g_logp·logp + g_lse·lse` with `op` (hidden, weight, targets,
-/// bias → logp, lse) on weight rows `rows`.
+/// Forward and backward of `Σ g_logp·logp + g_lse·lse (+ g_ent·entropy)` with `op` (hidden,
+/// weight, targets, bias → outputs) on weight rows `rows`.
 fn run<A>(
     p: &Problem,
     device: &A::Device,
@@ -82,7 +87,7 @@ fn run<A>(
         Tensor<A, 2>,
         Tensor<A, 1, Int>,
         Option<Tensor<A, 1>>,
-    ) -> (Tensor<A, 1>, Tensor<A, 1>),
+    ) -> LinearLogpOutput<A>,
 ) -> RankOut
 where
     A: AutodiffBackend + InvariantBackend,
@@ -101,40 +106,56 @@ where
         .as_ref()
         .map(|b| float::<A, 1>(b[rows].to_vec(), [len], device, p.dtype).require_grad());
     let targets = ints::<A>(p.targets.clone(), device);
-    let (logp, lse) = op(hidden.clone(), weight.clone(), targets, bias.clone());
-    let g_logp = float::<A, 1>(p.g_logp.clone(), [p.n], device, DType::F32);
-    let g_lse = float::<A, 1>(p.g_lse.clone(), [p.n], device, DType::F32);
-    let grads = (logp.clone() * g_logp + lse.clone() * g_lse)
-        .sum()
-        .backward();
+    let out = op(hidden.clone(), weight.clone(), targets, bias.clone());
+    let (logp, lse) = (out.logp, out.lse);
+    let g = |values: &Vec<f32>| float::<A, 1>(values.clone(), [p.n], device, DType::F32);
+    let mut loss = logp.clone() * g(&p.g_logp) + lse.clone() * g(&p.g_lse);
+    if let Some(entropy) = &out.entropy {
+        loss = loss + entropy.clone() * g(&p.g_ent);
+    }
+    let grads = loss.sum().backward();
     RankOut {
         logp: host(logp.inner()),
         lse: host(lse.inner()),
+        entropy: out.entropy.map(|e| host(e.inner())),
         hidden: host(hidden.grad(&grads).expect("hidden grad")),
         weight: host(weight.grad(&grads).expect("weight grad")),
         bias: bias.map(|b| host(b.grad(&grads).expect("bias grad"))),
     }
 }
 
-/// One rank of `tp::linear_logp_with_lse` on `shard`.
+/// One rank of `tp::linear_logp_full` (with `options.entropy`) or `tp::linear_logp_with_lse` on
+/// `shard`.
 pub fn rank_run<A, G>(p: &Problem, device: &A::Device, shard: VocabShard, group: &G) -> RankOut
 where
     A: AutodiffBackend + InvariantBackend,
     G: tp::Collective<A> + Clone + 'static,
 {
     run::<A>(p, device, shard.range(), |hidden, weight, targets, bias| {
-        tp::linear_logp_with_lse(hidden, weight, targets, bias, &shard, group, &p.options)
-            .expect("tp::linear_logp_with_lse")
+        let opts = &p.options;
+        if opts.entropy {
+            tp::linear_logp_full(hidden, weight, targets, bias, &shard, group, opts)
+                .expect("tp::linear_logp_full")
+        } else {
+            let (logp, lse) =
+                tp::linear_logp_with_lse(hidden, weight, targets, bias, &shard, group, opts)
+                    .expect("tp::linear_logp_with_lse");
+            LinearLogpOutput {
+                logp,
+                lse,
+                entropy: None,
+            }
+        }
     })
 }
 
-/// The single-rank `linear_logp_with_lse` on the whole head.
+/// The single-rank `linear_logp_full` on the whole head.
 pub fn single_rank<A>(p: &Problem, device: &A::Device) -> RankOut
 where
     A: AutodiffBackend + InvariantBackend,
 {
     run::<A>(p, device, 0..p.v, |hidden, weight, targets, bias| {
-        burn_invariant::linear_logp_with_lse(hidden, weight, targets, bias, &p.options)
-            .expect("linear_logp_with_lse")
+        burn_invariant::linear_logp_full(hidden, weight, targets, bias, &p.options)
+            .expect("linear_logp_full")
     })
 }

@@ -7,7 +7,7 @@ use super::inputs::{
     Checked, LogpGradRefs, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
     linear_logp_backward_workspace_len, view,
 };
-use super::logits::{logits_block, row_gradients};
+use super::logits::{dz_value, logits_block, row_gradients};
 use super::tc_backward::{Accumulators, tc_backward};
 use super::workspace::{TcScratch, accumulators_end, dw_chunk_rows};
 use crate::consts::{
@@ -24,13 +24,14 @@ use crate::util::{
 };
 use cubecl::prelude::*;
 
-/// Backward from the saved `stats` (`[N, 2]` f32, lse in column 1) and the upstream gradient
-/// `grad` (`[N, 2]` f32: column 0 = dLogp, column 1 = dLse).
+/// Backward from the saved `stats` (f32 `[N, 2 or 3]`: lse in column 1, entropy in column 2) and
+/// the upstream gradient `grad` (f32, the same shape: dLogp, dLse, dEntropy).
 ///
-/// `dz_ij = g_logp_i·(1[j==t_i] − p_ij) + g_lse_i·p_ij`, `p_ij = exp(z_ij − lse_i)` with `z`
-/// recomputed bitwise as in the forward; ignored rows drop the `g_logp` part; a row whose two
-/// upstream gradients are both zero has `dz = 0` exactly; a target outside `[0, V)` that is not
-/// ignored simply matches no column.
+/// `dlogit_ij = (g_logp_i·(1[j==t_i] − p_ij) + g_lse_i·p_ij − g_ent_i·p_ij·(z_ij − lse_i + H_i))
+/// · inv_temperature`, `p_ij = exp(z_ij − lse_i)` with the tempered `z` recomputed bitwise as in
+/// the forward; ignored rows drop the `g_logp` and `g_ent` parts; a row whose upstream gradients
+/// are all zero has `dz = 0` exactly; a target outside `[0, V)` that is not ignored simply
+/// matches no column.
 ///
 /// FMA path (f32, and f16/bf16 without cooperative matrices): host loop over fixed vocab chunks
 /// (`BWD_VOCAB_CHUNK`, outer) × row chunks (`BWD_ROW_CHUNK`, inner), both ascending: (1) the `dz`
@@ -112,9 +113,9 @@ fn check_backward<R: Runtime>(
     let c = check_inputs(client, inputs)?;
     let es = c.dt.size();
     let sv = check_view("stats", stats, 2, 4)?;
-    expect_shape("stats", &sv, &[c.n, 2])?;
+    expect_shape("stats", &sv, &[c.n, c.cols])?;
     let gv = check_view("grad", grad, 2, 4)?;
-    expect_shape("grad", &gv, &[c.n, 2])?;
+    expect_shape("grad", &gv, &[c.n, c.cols])?;
     let dhv = check_out_view("d_hidden", grads.d_hidden, 2, es)?;
     expect_shape("d_hidden", &dhv, &[c.n, c.d])?;
     let dwv = check_out_view("d_weight", grads.d_weight, 2, es)?;
@@ -345,8 +346,10 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
                 c.d as u32,
                 c.v as u32,
                 ignore_scalar(c),
+                c.inv_t,
                 self.db.is_some(),
                 c.ignore.is_some(),
+                c.entropy,
                 self.emulate_fma,
                 [c.dt.storage(), c.it.storage()],
             );
@@ -465,10 +468,9 @@ fn zero_fill<R: Runtime>(
     launch_fma(client, &ops, [m, 0, n], false, SKIP_NONE)
 }
 
-/// Backward: recompute the logits block and write
-/// `dz = g_logp·(1[j==t] − p) + g_lse·p`, `p = exp(z − lse)`, into the f32 scratch.
-/// Ignored rows drop the `g_logp` part. Rows whose two upstream gradients are both zero get
-/// `dz = 0` exactly (so they contribute nothing, even if their logits are NaN/Inf).
+/// Backward: recompute the logits block, temper it, and write its `dz` (`dz_value`) into the f32
+/// scratch. Ignored rows drop the `g_logp` and `g_ent` parts. Rows whose upstream gradients are all
+/// zero get `dz = 0` exactly (so they contribute nothing, even if their logits are NaN/Inf).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
@@ -494,8 +496,10 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
     d: u32,
     v: u32,
     ignore: InputScalar,
+    inv_t: f32,
     #[comptime] has_bias: bool,
     #[comptime] has_ignore: bool,
+    #[comptime] entropy: bool,
     #[comptime] emulate_fma: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
@@ -531,19 +535,24 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
     for r in 0..FMA_MICRO {
         let row = row0 + ty + r * FMA_THREADS;
         if row < m_end {
-            let lse = stats[so.offset as usize + row * so.s0 as usize + so.s1 as usize];
-            let (gl, g_lse, tgt, zero_row) =
-                row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
+            let sbase = so.offset as usize + row * so.s0 as usize;
+            let lse = stats[sbase + so.s1 as usize];
+            let mut ent = 0.0f32;
+            if comptime![entropy] {
+                ent = stats[sbase + 2 * so.s1 as usize];
+            }
+            let (gl, g_lse, g_ent, tgt, zero_row) = row_gradients::<I>(
+                targets, t_stride, grad, &go, row, v, ignore, has_ignore, entropy,
+            );
             let has_tgt = tgt >= 0i32;
             let tgt_u = usize::cast_from(select(has_tgt, tgt, 0i32));
             #[unroll]
             for c in 0..FMA_MICRO {
                 let col = col0 + tx + c * FMA_THREADS;
                 if col < n_end {
-                    let z = acc[r * FMA_MICRO + c];
-                    let p = f32::exp(z - lse);
-                    let ind = select(has_tgt && col == tgt_u, 1.0f32, 0.0f32);
-                    let val = gl * (ind - p) + g_lse * p;
+                    let z = acc[r * FMA_MICRO + c] * inv_t;
+                    let is_target = has_tgt && col == tgt_u;
+                    let val = dz_value(z, lse, ent, gl, g_lse, g_ent, is_target, inv_t, entropy);
                     dz[(row - rs) * dz_stride as usize + (col - cs)] =
                         select(zero_row, 0.0f32, val);
                 }

@@ -5,7 +5,10 @@ use super::inputs::{
     Checked, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
     linear_logp_forward_workspace_len, linear_logp_num_segments, tensor_core_choice, view,
 };
-use super::logits::{logits_block, resolve_target, stage_logits};
+use super::logits::{
+    accumulate, combine_partials, finish_softmax, logits_block, rescale, resolve_target,
+    stage_logits,
+};
 use super::tc_forward::tc_forward_partials;
 use super::workspace::partials_len;
 use crate::consts::{
@@ -17,17 +20,21 @@ use crate::gemm::view::StridedView;
 use crate::util::{View, check_grid, check_out_view, expect_shape, raw_arg, to_u32};
 use cubecl::prelude::*;
 
-/// Forward: `stats_out[i] = (logp_i, lse_i)` (f32 `[N, 2]`, any strides).
+/// Forward: `stats_out[i] = (logp_i, lse_i)`, and `entropy_i` with [`LogpInputRefs::entropy`]
+/// (f32 `[N, 2 or 3]`, any strides).
 ///
-/// `z_ij = (Σ_d fma-chain over d ascending of f32(hidden[i,d])·f32(weight[j,d])) + f32(bias[j])`
-/// in f32 — bitwise the FMA GEMM of `hidden · weightᵀ (+ bias)`. `lse_i = logsumexp_j z_ij`,
-/// `logp_i = z[i, t_i] − lse_i`. Ignored rows: `logp = 0`, `lse` normal. A target outside
-/// `[0, V)` that is not the ignore index gives `logp = NaN` (never an out-of-bounds access).
+/// `z_ij = ((Σ_d fma-chain over d ascending of f32(hidden[i,d])·f32(weight[j,d])) + f32(bias[j]))
+/// · inv_temperature` in f32 — the FMA GEMM of `hidden · weightᵀ (+ bias)`, then one product.
+/// `lse_i = logsumexp_j z_ij`, `logp_i = z[i, t_i] − lse_i`,
+/// `entropy_i = −Σ_j p_ij·ln p_ij = ln(s) − u/s` from the running `s = Σ exp(z − m)` and
+/// `u = Σ exp(z − m)·(z − m)`. Ignored rows: `logp = 0` and `entropy = 0`, `lse` normal. A target
+/// outside `[0, V)` that is not the ignore index gives `logp = NaN` (never an out-of-bounds
+/// access).
 ///
 /// Order: the vocabulary is cut into `ceil(V / LOGP_FWD_SEGMENT)` fixed segments; within a segment a
 /// cube walks 64-wide vocab tiles in ascending order with an online softmax (running max, running
-/// sum of `exp(z − max)`, target logit, all f32; the running sum is rescaled by
-/// `exp(old_max − new_max)` only when the max grows); the segment partials (workspace of
+/// sum of `exp(z − max)`, target logit, with entropy the running `Σ exp(z − max)·(z − max)`, all
+/// f32; the running sums are rescaled only when the max grows); the segment partials (workspace of
 /// [`linear_logp_forward_workspace_len`] f32) are merged in ascending segment order by a second
 /// kernel: `m' = max(m, m_s)`, `s' = s·exp(m − m') + s_s·exp(m_s − m')`, `lse = m + ln(s)`.
 /// Nothing depends on N or on the device's core count.
@@ -44,7 +51,7 @@ pub fn linear_logp_forward<R: Runtime>(
 ) -> Result<(), KernelError> {
     let c = check_inputs(client, inputs)?;
     let sv = check_out_view("stats_out", stats_out, 2, 4)?;
-    expect_shape("stats_out", &sv, &[c.n, 2])?;
+    expect_shape("stats_out", &sv, &[c.n, c.cols])?;
     let ws_len = linear_logp_forward_workspace_len(c.n, c.v, inputs.dtype);
     check_workspace(workspace, ws_len)?;
     to_u32("workspace", "length", ws_len)?;
@@ -103,9 +110,11 @@ fn launch_fma_partials<R: Runtime>(
                 c.d as u32,
                 c.v as u32,
                 ignore_scalar(c),
+                c.inv_t,
                 f32::NEG_INFINITY,
                 inputs.bias.is_some(),
                 c.ignore.is_some(),
+                c.entropy,
                 fma_mode(client) == FmaMode::Emulated,
                 [f, i],
             );
@@ -144,6 +153,7 @@ fn launch_merge<R: Runtime>(
             f32::NEG_INFINITY,
             f32::NAN,
             c.ignore.is_some(),
+            c.entropy,
             c.it.storage(),
         );
     }
@@ -170,18 +180,18 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
     d: u32,
     v: u32,
     ignore: InputScalar,
+    inv_t: f32,
     neg_inf: f32,
     #[comptime] has_bias: bool,
     #[comptime] has_ignore: bool,
+    #[comptime] entropy: bool,
     #[comptime] emulate_fma: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let n = n_rows as usize;
     let dd = d as usize;
     let vv = v as usize;
-    let tx = UNIT_POS_X as usize;
-    let ty = UNIT_POS_Y as usize;
-    let tid = ty * FMA_THREADS + tx;
+    let tid = UNIT_POS_Y as usize * FMA_THREADS + UNIT_POS_X as usize;
     let row0 = CUBE_POS_X as usize * LOGP_ROWS;
     let seg = CUBE_POS_Y as usize;
     let seg_start = seg * LOGP_FWD_SEGMENT;
@@ -205,6 +215,7 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
 
     let mut run_m = neg_inf;
     let mut run_s = 0.0f32;
+    let mut run_u = 0.0f32;
     let mut t_logit = 0.0f32;
 
     let mut acc = Array::<f32>::new(FMA_MICRO * FMA_MICRO);
@@ -228,12 +239,14 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
             has_bias,
             emulate_fma,
         );
-        stage_logits(&acc, &mut z_s);
+        stage_logits(&acc, inv_t, &mut z_s);
         sync_cube();
         if row_ok {
             let ncols = min(LOGP_VOCAB_TILE, seg_end - j0);
             let base = tid * LOGP_VOCAB_TILE;
-            online_softmax(&z_s, base, ncols, neg_inf, &mut run_m, &mut run_s);
+            online_softmax(
+                &z_s, base, ncols, neg_inf, &mut run_m, &mut run_s, &mut run_u, entropy,
+            );
             if has_tgt && tgt_u >= j0 && tgt_u < j0 + ncols {
                 t_logit = z_s[base + tgt_u - j0];
             }
@@ -245,13 +258,17 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
         partial[o] = run_m;
         partial[o + 1] = run_s;
         partial[o + 2] = t_logit;
+        if comptime![entropy] {
+            partial[o + 3] = run_u;
+        }
     }
 }
 
 /// One tile of a row's online softmax (the row's `ncols` logits at `base` in `z_s`): raise the
-/// running max to the tile's, rescaling the running sum only when it grows, then add
-/// `exp(z − max)` of the tile's logits in ascending order (`−∞` logits add exactly nothing).
+/// running max to the tile's, rescaling the running sums only when it grows, then add the tile's
+/// logits in ascending order (`−∞` logits add exactly nothing).
 #[cube]
+#[allow(clippy::too_many_arguments)] // the running state, one argument each
 fn online_softmax(
     z_s: &SharedMemory<f32>,
     base: usize,
@@ -259,24 +276,23 @@ fn online_softmax(
     neg_inf: f32,
     run_m: &mut f32,
     run_s: &mut f32,
+    run_u: &mut f32,
+    #[comptime] entropy: bool,
 ) {
     let mut tmax = neg_inf;
     for c in 0..ncols {
         let z = z_s[base + c];
         tmax = select(z > tmax, z, tmax);
     }
-    if tmax > *run_m {
-        *run_s *= f32::exp(*run_m - tmax);
-        *run_m = tmax;
-    }
+    rescale(run_m, run_s, run_u, tmax, entropy);
+    let m = *run_m;
     for c in 0..ncols {
-        let z = z_s[base + c];
-        *run_s += select(z == neg_inf, 0.0f32, f32::exp(z - *run_m));
+        accumulate(z_s[base + c], m, neg_inf, run_s, run_u, entropy);
     }
 }
 
 /// Forward pass 2: one unit per row merges the segment partials in ascending segment order and
-/// writes `stats[row] = (logp, lse)`.
+/// writes `stats[row] = (logp, lse[, entropy])`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_merge_kernel<I: Int>(
@@ -293,6 +309,7 @@ pub(crate) fn logp_merge_kernel<I: Int>(
     neg_inf: f32,
     nan: f32,
     #[comptime] has_ignore: bool,
+    #[comptime] entropy: bool,
     #[define(I)] _dtype: StorageType,
 ) {
     let n = n_rows as usize;
@@ -300,17 +317,20 @@ pub(crate) fn logp_merge_kernel<I: Int>(
     if row < n {
         let mut m = neg_inf;
         let mut s = 0.0f32;
+        let mut u = 0.0f32;
         for seg in 0..num_seg as usize {
             let o = (seg * n + row) * LOGP_PARTIAL_STRIDE;
-            let mi = partial[o];
-            let si = partial[o + 1];
-            let m_new = select(mi > m, mi, m);
-            let sa = select(s == 0.0f32, 0.0f32, s * f32::exp(m - m_new));
-            let sb = select(si == 0.0f32, 0.0f32, si * f32::exp(mi - m_new));
-            s = sa + sb;
+            let mut ui = 0.0f32;
+            if comptime![entropy] {
+                ui = partial[o + 3];
+            }
+            let (m_new, s_new, u_new) =
+                combine_partials(m, s, u, partial[o], partial[o + 1], ui, entropy);
             m = m_new;
+            s = s_new;
+            u = u_new;
         }
-        let lse = m + f32::ln(s);
+        let (lse, ent) = finish_softmax(m, s, u);
         let tgt = resolve_target::<I>(
             targets[t_off as usize + row * t_stride as usize],
             v,
@@ -328,5 +348,8 @@ pub(crate) fn logp_merge_kernel<I: Int>(
         let base = so.offset as usize + row * so.s0 as usize;
         stats[base] = logp;
         stats[base + so.s1 as usize] = lse;
+        if comptime![entropy] {
+            stats[base + 2 * so.s1 as usize] = select(tgt == -1i32, 0.0f32, ent);
+        }
     }
 }

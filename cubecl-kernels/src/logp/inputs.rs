@@ -29,6 +29,19 @@ pub struct LogpInputRefs<'a, R: Runtime> {
     pub ignore_index: Option<i64>,
     /// Float dtype of `hidden`, `weight`, `bias` (f32 / f16 / bf16).
     pub dtype: StorageType,
+    /// `1 / T`: the logits are `(hidden · weightᵀ + bias) · inv_temperature` (1 leaves them
+    /// unchanged). Finite and positive.
+    pub inv_temperature: f32,
+    /// Whether the statistics carry a third column, the entropy of the row's softmax (nats).
+    pub entropy: bool,
+}
+
+impl<R: Runtime> LogpInputRefs<'_, R> {
+    /// Columns of the statistics and of the upstream gradient: `(logp, lse)`, then `entropy`
+    /// when requested.
+    pub fn stats_columns(&self) -> usize {
+        2 + usize::from(self.entropy)
+    }
 }
 
 /// The gradient outputs of [`crate::linear_logp_backward`].
@@ -42,7 +55,7 @@ pub struct LogpGradRefs<'a, R: Runtime> {
 }
 
 /// f32 elements of workspace [`crate::linear_logp_forward`] needs for `dtype`: the segment
-/// partials, `num_segments(V) · N · 3`, and for f16 / bf16 the tensor-core path's logits scratch,
+/// partials, `num_segments(V) · N · 4`, and for f16 / bf16 the tensor-core path's logits scratch,
 /// `min(N, TC_FWD_ROWS) · min(V, TC_FWD_VOCAB)` (at most 64 MiB).
 pub fn linear_logp_forward_workspace_len(n: usize, v: usize, dtype: StorageType) -> usize {
     let partials = partials_len(n, v);
@@ -87,6 +100,12 @@ pub(crate) struct Checked {
     pub tv: View,
     /// `Some(value)` when an ignore index is set and representable in the target dtype.
     pub ignore: Option<i64>,
+    /// `1 / T`.
+    pub inv_t: f32,
+    /// Whether the entropy column is computed (forward) or differentiated (backward).
+    pub entropy: bool,
+    /// Columns of the statistics and of the upstream gradient (2 or 3).
+    pub cols: usize,
 }
 
 pub(crate) fn check_inputs<R: Runtime>(
@@ -97,6 +116,12 @@ pub(crate) fn check_inputs<R: Runtime>(
     check_runtime_dtype(client, "dtype", dt.storage())?;
     let it = IndexDType::from_storage("targets", inp.targets_dtype)?;
     check_runtime_dtype(client, "targets", it.storage())?;
+    if !(inp.inv_temperature.is_finite() && inp.inv_temperature > 0.0) {
+        return Err(KernelError::Unsupported {
+            what: "inv_temperature",
+            reason: format!("must be finite and > 0, got {}", inp.inv_temperature),
+        });
+    }
     let es = dt.size();
     let hv = check_view("hidden", inp.hidden, 2, es)?;
     let wv = check_view("weight", inp.weight, 2, es)?;
@@ -137,6 +162,9 @@ pub(crate) fn check_inputs<R: Runtime>(
         bv,
         tv,
         ignore,
+        inv_t: inp.inv_temperature,
+        entropy: inp.entropy,
+        cols: inp.stats_columns(),
     })
 }
 

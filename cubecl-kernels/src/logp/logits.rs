@@ -25,9 +25,9 @@ pub(crate) fn resolve_target<I: Int>(t: I, v: u32, ignore: I, #[comptime] has_ig
     res
 }
 
-/// Row `row`'s upstream gradients `(g_logp, g_lse)` (the `g_logp` part dropped where the row is
-/// ignored), its resolved target, and whether both gradients are zero (the row then contributes
-/// exactly nothing).
+/// Row `row`'s upstream gradients `(g_logp, g_lse, g_entropy)` (the `g_logp` and `g_entropy`
+/// parts dropped where the row is ignored; `g_entropy` is 0 without the entropy column), its
+/// resolved target, and whether all of them are zero (the row then contributes exactly nothing).
 #[cube]
 pub(crate) fn row_gradients<I: Int>(
     targets: &Tensor<I>,
@@ -38,7 +38,8 @@ pub(crate) fn row_gradients<I: Int>(
     v: u32,
     ignore: InputScalar,
     #[comptime] has_ignore: bool,
-) -> (f32, f32, i32, bool) {
+    #[comptime] entropy: bool,
+) -> (f32, f32, f32, i32, bool) {
     let gbase = go.offset as usize + row * go.s0 as usize;
     let tgt = resolve_target::<I>(
         targets[row * t_stride as usize],
@@ -48,7 +49,106 @@ pub(crate) fn row_gradients<I: Int>(
     );
     let gl = select(tgt == -1i32, 0.0f32, grad[gbase]);
     let g_lse = grad[gbase + go.s1 as usize];
-    (gl, g_lse, tgt, gl == 0.0f32 && g_lse == 0.0f32)
+    let mut g_ent = 0.0f32;
+    if comptime![entropy] {
+        g_ent = select(tgt == -1i32, 0.0f32, grad[gbase + 2 * go.s1 as usize]);
+    }
+    let zero_row = gl == 0.0f32 && g_lse == 0.0f32 && g_ent == 0.0f32;
+    (gl, g_lse, g_ent, tgt, zero_row)
+}
+
+/// `∂L/∂logit` of one (row, column) from the tempered logit `z`:
+/// `(g_logp·(1[j==t] − p) + g_lse·p − g_entropy·p·(z − lse + H)) / T`, `p = exp(z − lse)`.
+#[cube]
+pub(crate) fn dz_value(
+    z: f32,
+    lse: f32,
+    ent: f32,
+    gl: f32,
+    g_lse: f32,
+    g_ent: f32,
+    is_target: bool,
+    inv_t: f32,
+    #[comptime] entropy: bool,
+) -> f32 {
+    let p = f32::exp(z - lse);
+    let ind = select(is_target, 1.0f32, 0.0f32);
+    let mut val = gl * (ind - p) + g_lse * p;
+    if comptime![entropy] {
+        // p = 0 (a −∞ logit) adds nothing, where (z − lse) would make 0·∞.
+        val -= select(p == 0.0f32, 0.0f32, g_ent * (p * ((z - lse) + ent)));
+    }
+    val * inv_t
+}
+
+/// Raise a running softmax `(max, sum-exp, Σ e·(z − max))` to the max `m_new`, rescaling the
+/// sums (an empty state, sum 0, stays exactly empty).
+#[cube]
+pub(crate) fn rescale(
+    run_m: &mut f32,
+    run_s: &mut f32,
+    run_u: &mut f32,
+    m_new: f32,
+    #[comptime] entropy: bool,
+) {
+    if m_new > *run_m {
+        let dm = *run_m - m_new;
+        let a = f32::exp(dm);
+        if comptime![entropy] {
+            *run_u = select(*run_s == 0.0f32, 0.0f32, a * (*run_u + dm * *run_s));
+        }
+        *run_s *= a;
+        *run_m = m_new;
+    }
+}
+
+/// Add logit `z` to a running softmax at max `m` (`−∞` adds exactly nothing).
+#[cube]
+pub(crate) fn accumulate(
+    z: f32,
+    m: f32,
+    neg_inf: f32,
+    run_s: &mut f32,
+    run_u: &mut f32,
+    #[comptime] entropy: bool,
+) {
+    let e = select(z == neg_inf, 0.0f32, f32::exp(z - m));
+    *run_s += e;
+    if comptime![entropy] {
+        *run_u += select(e == 0.0f32, 0.0f32, e * (z - m));
+    }
+}
+
+/// Two softmax partials `(max, sum-exp, Σ e·(z − max))` merged: `m' = max`,
+/// `s' = s_a·e^(m_a − m') + s_b·e^(m_b − m')`, `u'` likewise with the shift `(m − m')·s`; an empty
+/// side (sum 0) adds exactly nothing. Symmetric in its two sides.
+#[cube]
+pub(crate) fn combine_partials(
+    ma: f32,
+    sa: f32,
+    ua: f32,
+    mb: f32,
+    sb: f32,
+    ub: f32,
+    #[comptime] entropy: bool,
+) -> (f32, f32, f32) {
+    let m = select(mb > ma, mb, ma);
+    let fa = f32::exp(ma - m);
+    let fb = f32::exp(mb - m);
+    let s = select(sa == 0.0f32, 0.0f32, sa * fa) + select(sb == 0.0f32, 0.0f32, sb * fb);
+    let mut u = 0.0f32;
+    if comptime![entropy] {
+        u = select(sa == 0.0f32, 0.0f32, fa * (ua + (ma - m) * sa))
+            + select(sb == 0.0f32, 0.0f32, fb * (ub + (mb - m) * sb));
+    }
+    (m, s, u)
+}
+
+/// `lse = m + ln(s)` and the entropy `H = ln(s) − u / s` of a merged softmax.
+#[cube]
+pub(crate) fn finish_softmax(m: f32, s: f32, u: f32) -> (f32, f32) {
+    let ls = f32::ln(s);
+    (m + ls, ls - u / s)
 }
 
 /// Compute the logits block `z[row0.., col0..]` (64×64, f32, bias added) into the caller's
@@ -105,9 +205,10 @@ pub(crate) fn logits_block<F: Float>(
     }
 }
 
-/// This unit's 4×4 micro-tile of logits into the cube's `[LOGP_ROWS, LOGP_VOCAB_TILE]` tile.
+/// This unit's 4×4 micro-tile of logits, times `inv_t`, into the cube's
+/// `[LOGP_ROWS, LOGP_VOCAB_TILE]` tile.
 #[cube]
-pub(crate) fn stage_logits(acc: &Array<f32>, z_s: &mut SharedMemory<f32>) {
+pub(crate) fn stage_logits(acc: &Array<f32>, inv_t: f32, z_s: &mut SharedMemory<f32>) {
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     #[unroll]
@@ -115,7 +216,7 @@ pub(crate) fn stage_logits(acc: &Array<f32>, z_s: &mut SharedMemory<f32>) {
         #[unroll]
         for c in 0..FMA_MICRO {
             z_s[(ty + r * FMA_THREADS) * LOGP_VOCAB_TILE + tx + c * FMA_THREADS] =
-                acc[r * FMA_MICRO + c];
+                acc[r * FMA_MICRO + c] * inv_t;
         }
     }
 }

@@ -9,7 +9,7 @@
 
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar, view};
-use super::logits::row_gradients;
+use super::logits::{dz_value, row_gradients};
 use super::tc_forward::logits_chunk;
 use super::workspace::TcScratch;
 use crate::consts::{TC_BWD_ROWS, TC_BWD_VOCAB};
@@ -112,7 +112,7 @@ struct RowGrads<'a, R: Runtime> {
 }
 
 /// `hidden_half[r, :] = hidden[rs + r, :]`, or zeros where the row's upstream gradients are
-/// both zero (so such rows add exactly nothing to `dWeight`, even when they hold NaN / Inf).
+/// all zero (so such rows add exactly nothing to `dWeight`, even when they hold NaN / Inf).
 fn launch_mask_hidden<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &LogpInputRefs<'_, R>,
@@ -142,6 +142,7 @@ fn launch_mask_hidden<R: Runtime>(
             c.v as u32,
             g.ignore,
             c.ignore.is_some(),
+            c.entropy,
             [c.dt.storage(), c.it.storage()],
         );
     }
@@ -184,7 +185,9 @@ fn launch_dz<R: Runtime>(
             ch as u32,
             c.v as u32,
             g.ignore,
+            c.inv_t,
             c.ignore.is_some(),
+            c.entropy,
             [c.dt.storage(), c.it.storage()],
         );
     }
@@ -208,12 +211,14 @@ pub(crate) fn logp_mask_hidden_kernel<F: Float, I: Int>(
     v: u32,
     ignore: InputScalar,
     #[comptime] has_ignore: bool,
+    #[comptime] entropy: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let r = CUBE_POS_Y as usize;
     let row = row_start as usize + r;
-    let (_, _, _, zero_row) =
-        row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
+    let (_, _, _, _, zero_row) = row_gradients::<I>(
+        targets, t_stride, grad, &go, row, v, ignore, has_ignore, entropy,
+    );
     let dd = d as usize;
     let c0 = CUBE_POS_X as usize * EW_UNITS * EW_PER_UNIT + UNIT_POS_X as usize;
     #[unroll]
@@ -226,9 +231,9 @@ pub(crate) fn logp_mask_hidden_kernel<F: Float, I: Int>(
     }
 }
 
-/// Cube (column block, row of the chunk): `dz = g_logp·(1[j==t] − p) + g_lse·p`,
-/// `p = exp(z − lse)`, exactly zero where both upstream gradients are zero; written over the
-/// logits (f32) and rounded once into `dz_half`.
+/// Cube (column block, row of the chunk): `dz` (`dz_value`) of the tempered logits, exactly zero
+/// where the upstream gradients are all zero; written over the logits (f32) and rounded once into
+/// `dz_half`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_dz_from_logits_kernel<F: Float, I: Int>(
@@ -248,14 +253,22 @@ pub(crate) fn logp_dz_from_logits_kernel<F: Float, I: Int>(
     cols_here: u32,
     v: u32,
     ignore: InputScalar,
+    inv_t: f32,
     #[comptime] has_ignore: bool,
+    #[comptime] entropy: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let r = CUBE_POS_Y as usize;
     let row = row_start as usize + r;
-    let (gl, g_lse, tgt, zero_row) =
-        row_gradients::<I>(targets, t_stride, grad, &go, row, v, ignore, has_ignore);
-    let lse = stats[so.offset as usize + row * so.s0 as usize + so.s1 as usize];
+    let (gl, g_lse, g_ent, tgt, zero_row) = row_gradients::<I>(
+        targets, t_stride, grad, &go, row, v, ignore, has_ignore, entropy,
+    );
+    let sbase = so.offset as usize + row * so.s0 as usize;
+    let lse = stats[sbase + so.s1 as usize];
+    let mut ent = 0.0f32;
+    if comptime![entropy] {
+        ent = stats[sbase + 2 * so.s1 as usize];
+    }
     let has_tgt = tgt >= 0i32;
     let tgt_local = select(has_tgt, tgt - i32::cast_from(col_start), -1i32);
     let c0 = CUBE_POS_X as usize * EW_UNITS * EW_PER_UNIT + UNIT_POS_X as usize;
@@ -265,9 +278,10 @@ pub(crate) fn logp_dz_from_logits_kernel<F: Float, I: Int>(
         let col = c0 + q * EW_UNITS;
         if col < ch {
             let at = r * ld as usize + col;
-            let p = f32::exp(z[z_off as usize + at] - lse);
-            let ind = select(i32::cast_from(col) == tgt_local, 1.0f32, 0.0f32);
-            let val = select(zero_row, 0.0f32, gl * (ind - p) + g_lse * p);
+            let zt = z[z_off as usize + at] * inv_t;
+            let is_target = i32::cast_from(col) == tgt_local;
+            let val = dz_value(zt, lse, ent, gl, g_lse, g_ent, is_target, inv_t, entropy);
+            let val = select(zero_row, 0.0f32, val);
             z[z_off as usize + at] = val;
             dz_half[dzh_off as usize + at] = F::cast_from(val);
         }

@@ -4,7 +4,7 @@
 
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar};
-use super::logits::resolve_target;
+use super::logits::{accumulate, combine_partials, rescale, resolve_target};
 use crate::consts::{
     LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, SCAN_BATCH, SCAN_LANES, SCAN_ROWS, TC_FWD_ROWS,
     TC_FWD_VOCAB,
@@ -129,8 +129,10 @@ fn launch_scan<R: Runtime>(
             ch as u32,
             c.v as u32,
             ignore_scalar(c),
+            c.inv_t,
             f32::NEG_INFINITY,
             c.ignore.is_some(),
+            c.entropy,
             c.it.storage(),
         );
     }
@@ -138,9 +140,10 @@ fn launch_scan<R: Runtime>(
 }
 
 /// Scan of one (row, segment) of a logits chunk: each of the row's `SCAN_LANES` units runs an
-/// online softmax over its columns (`lane + SCAN_LANES·i`, ascending, `SCAN_BATCH` at a time),
-/// then the units' `(max, sum-exp)` pairs meet in a fixed binary tree; the first unit writes the
-/// partial `(max, sum-exp, target logit)`. The order is a function of the segment alone.
+/// online softmax over its tempered logits (`z · inv_t`; columns `lane + SCAN_LANES·i`,
+/// ascending, `SCAN_BATCH` at a time), then the units' `(max, sum-exp[, Σ e·(z − max)])` meet in
+/// a fixed binary tree; the first unit writes the segment partial. The order is a function of the
+/// segment alone.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_scan_kernel<I: Int>(
@@ -157,8 +160,10 @@ pub(crate) fn logp_scan_kernel<I: Int>(
     cols_here: u32,
     v: u32,
     ignore: InputScalar,
+    inv_t: f32,
     neg_inf: f32,
     #[comptime] has_ignore: bool,
+    #[comptime] entropy: bool,
     #[define(I)] _dtype: StorageType,
 ) {
     let lane = UNIT_POS_X as usize;
@@ -175,6 +180,7 @@ pub(crate) fn logp_scan_kernel<I: Int>(
 
     let mut run_m = neg_inf;
     let mut run_s = 0.0f32;
+    let mut run_u = 0.0f32;
     if row_ok {
         let step = SCAN_LANES * SCAN_BATCH;
         let steps = (seg1 - seg0).div_ceil(step);
@@ -187,24 +193,20 @@ pub(crate) fn logp_scan_kernel<I: Int>(
                 let col = c0 + b * SCAN_LANES;
                 let mut z = neg_inf;
                 if col < seg1 {
-                    z = logits[zbase + col];
+                    z = logits[zbase + col] * inv_t;
                 }
                 vals[b] = z;
                 tmax = select(z > tmax, z, tmax);
             }
-            if tmax > run_m {
-                run_s *= f32::exp(run_m - tmax);
-                run_m = tmax;
-            }
+            rescale(&mut run_m, &mut run_s, &mut run_u, tmax, entropy);
             #[unroll]
             for b in 0..SCAN_BATCH {
-                let z = vals[b];
-                run_s += select(z == neg_inf, 0.0f32, f32::exp(z - run_m));
+                accumulate(vals[b], run_m, neg_inf, &mut run_s, &mut run_u, entropy);
             }
         }
     }
 
-    let (m, s) = tree_merge(run_m, run_s, lane, ry);
+    let (m, s, u) = tree_merge(run_m, run_s, run_u, lane, ry, entropy);
 
     if row_ok && lane == 0 {
         let row = rs + local_row;
@@ -220,7 +222,7 @@ pub(crate) fn logp_scan_kernel<I: Int>(
         if tgt >= 0i32 {
             let t = usize::cast_from(tgt);
             if t >= lo && t < hi {
-                t_logit = logits[zbase + t - cs];
+                t_logit = logits[zbase + t - cs] * inv_t;
             }
         }
         let seg = lo / LOGP_FWD_SEGMENT;
@@ -228,35 +230,50 @@ pub(crate) fn logp_scan_kernel<I: Int>(
         partial[o] = m;
         partial[o + 1] = s;
         partial[o + 2] = t_logit;
+        if comptime![entropy] {
+            partial[o + 3] = u;
+        }
     }
 }
 
-/// The row's `SCAN_LANES` `(max, sum-exp)` pairs merged in a fixed binary tree through shared
-/// memory (halves, then quarters, …): `m' = max`, `s' = s_a·e^(m_a − m') + s_b·e^(m_b − m')`,
-/// an empty side adding exactly nothing. Every unit of the cube must call it.
+/// The row's `SCAN_LANES` softmax partials merged in a fixed binary tree through shared memory
+/// (halves, then quarters, …) by `combine_partials`. Every unit of the cube must call it.
 #[cube]
-fn tree_merge(run_m: f32, run_s: f32, lane: usize, ry: usize) -> (f32, f32) {
+fn tree_merge(
+    run_m: f32,
+    run_s: f32,
+    run_u: f32,
+    lane: usize,
+    ry: usize,
+    #[comptime] entropy: bool,
+) -> (f32, f32, f32) {
     let mut m_s = SharedMemory::<f32>::new(SCAN_ROWS * SCAN_LANES);
     let mut s_s = SharedMemory::<f32>::new(SCAN_ROWS * SCAN_LANES);
+    let mut u_s = SharedMemory::<f32>::new(SCAN_ROWS * SCAN_LANES);
     let at = ry * SCAN_LANES + lane;
     m_s[at] = run_m;
     s_s[at] = run_s;
+    u_s[at] = run_u;
     sync_cube();
     #[unroll]
     for level in 0..SCAN_LEVELS {
         let half = SCAN_LANES >> (level + 1);
         if lane < half {
-            let ma = m_s[at];
-            let sa = s_s[at];
-            let mb = m_s[at + half];
-            let sb = s_s[at + half];
-            let m = select(mb > ma, mb, ma);
-            let ea = select(sa == 0.0f32, 0.0f32, sa * f32::exp(ma - m));
-            let eb = select(sb == 0.0f32, 0.0f32, sb * f32::exp(mb - m));
+            let (m, s, u) = combine_partials(
+                m_s[at],
+                s_s[at],
+                u_s[at],
+                m_s[at + half],
+                s_s[at + half],
+                u_s[at + half],
+                entropy,
+            );
             m_s[at] = m;
-            s_s[at] = ea + eb;
+            s_s[at] = s;
+            u_s[at] = u;
         }
         sync_cube();
     }
-    (m_s[ry * SCAN_LANES], s_s[ry * SCAN_LANES])
+    let first = ry * SCAN_LANES;
+    (m_s[first], s_s[first], u_s[first])
 }

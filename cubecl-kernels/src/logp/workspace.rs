@@ -13,7 +13,7 @@ pub fn linear_logp_num_segments(v: usize) -> usize {
     v.div_ceil(LOGP_FWD_SEGMENT)
 }
 
-/// The forward's segment partials: `num_segments(V) · N · 3`.
+/// The forward's segment partials: `num_segments(V) · N · LOGP_PARTIAL_STRIDE`.
 pub(crate) fn partials_len(n: usize, v: usize) -> usize {
     linear_logp_num_segments(v) * n * LOGP_PARTIAL_STRIDE
 }

@@ -10,7 +10,7 @@ use burn_ndarray::{
     FloatNdArrayElement, IntNdArrayElement, NdArray, NdArrayTensor, QuantElement, SharedArray,
 };
 
-use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs};
+use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, LogpHead};
 use crate::registry::{Candidate, Implementation, Op};
 use oracle::{LogpProblem, MatRef};
 
@@ -76,6 +76,7 @@ fn logp_problem<'a>(
     bias: Option<&'a HostFloat>,
     targets: &'a [i64],
     ignore_index: Option<i64>,
+    head: LogpHead,
 ) -> LogpProblem<'a> {
     LogpProblem {
         hidden: &hidden.data,
@@ -86,6 +87,8 @@ fn logp_problem<'a>(
         n: hidden.shape[0],
         d: hidden.shape[1],
         v: weight.shape[0],
+        inv_temperature: head.inv_temperature,
+        entropy: head.entropy,
     }
 }
 
@@ -170,9 +173,10 @@ where
             bias.as_ref(),
             &targets,
             inputs.ignore_index,
+            inputs.head,
         );
         let stats = oracle::linear_logp(&problem);
-        device_tensor(stats, vec![problem.n, 2], DType::F32)
+        device_tensor(stats, vec![problem.n, problem.columns()], DType::F32)
     }
 
     fn invariant_linear_logp_backward(
@@ -192,6 +196,7 @@ where
             bias.as_ref(),
             &targets,
             inputs.ignore_index,
+            inputs.head,
         );
         let (dh, dw, db) = oracle::linear_logp_backward(
             &problem,

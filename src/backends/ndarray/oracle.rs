@@ -99,17 +99,20 @@ fn nan_max(a: f32, b: f32) -> f32 {
     }
 }
 
-/// Running softmax statistics of one row: max and sum of `exp(z − max)`.
+/// Running softmax statistics of one row: max, sum of `exp(z − max)`, and sum of
+/// `exp(z − max)·(z − max)` (for the entropy).
 #[derive(Debug, Clone, Copy)]
 struct Softmax {
     max: f32,
     sum: f32,
+    shifted: f32,
 }
 
 impl Softmax {
     const EMPTY: Self = Self {
         max: f32::NEG_INFINITY,
         sum: 0.0,
+        shifted: 0.0,
     };
 
     fn of_tile(z: &[f32]) -> Self {
@@ -118,8 +121,16 @@ impl Softmax {
         if max == f32::NEG_INFINITY {
             return Self::EMPTY;
         }
-        let sum = z.iter().fold(0.0f32, |s, &v| s + (v - max).exp());
-        Self { max, sum }
+        let (mut sum, mut shifted) = (0.0f32, 0.0f32);
+        for &v in z {
+            let e = (v - max).exp();
+            sum += e;
+            // e = 0 also covers −∞ logits, whose (v − max) would make 0·∞.
+            if e != 0.0 {
+                shifted += e * (v - max);
+            }
+        }
+        Self { max, sum, shifted }
     }
 
     fn merge(self, other: Self) -> Self {
@@ -127,12 +138,26 @@ impl Softmax {
         if max == f32::NEG_INFINITY {
             return Self::EMPTY;
         }
-        let sum = self.sum * (self.max - max).exp() + other.sum * (other.max - max).exp();
-        Self { max, sum }
+        let scale = |part: Self| (part.max - max).exp();
+        let sum = self.sum * scale(self) + other.sum * scale(other);
+        let shift = |part: Self| {
+            if part.sum == 0.0 {
+                0.0
+            } else {
+                scale(part) * (part.shifted + (part.max - max) * part.sum)
+            }
+        };
+        Self {
+            max,
+            sum,
+            shifted: shift(self) + shift(other),
+        }
     }
 
-    fn lse(self) -> f32 {
-        self.max + self.sum.ln()
+    /// `(lse, entropy)`: `lse = max + ln(sum)`, `H = ln(sum) − shifted / sum`.
+    fn finish(self) -> (f32, f32) {
+        let ls = self.sum.ln();
+        (self.max + ls, ls - self.shifted / self.sum)
     }
 }
 
@@ -155,10 +180,34 @@ pub struct LogpProblem<'a> {
     pub d: usize,
     /// Vocabulary size.
     pub v: usize,
+    /// `1 / T`: the logits are `(hidden · weightᵀ + bias) · inv_temperature`.
+    pub inv_temperature: f32,
+    /// Whether the statistics carry the entropy column.
+    pub entropy: bool,
+}
+
+/// A row's upstream gradients, with `logp` and `entropy` dropped for ignored rows.
+#[derive(Debug, Clone, Copy)]
+struct RowGrad {
+    logp: f32,
+    lse: f32,
+    entropy: f32,
+}
+
+impl RowGrad {
+    /// All zero: the row contributes exactly nothing (even with NaN / Inf activations).
+    fn is_zero(&self) -> bool {
+        self.logp == 0.0 && self.lse == 0.0 && self.entropy == 0.0
+    }
 }
 
 impl LogpProblem<'_> {
-    /// `z[i, j]`: one ascending `mul_add` chain over D, then the bias.
+    /// Columns of the statistics and of the upstream gradient.
+    pub fn columns(&self) -> usize {
+        2 + usize::from(self.entropy)
+    }
+
+    /// `z[i, j]`: one ascending `mul_add` chain over D, then the bias, then `· 1/T`.
     #[inline]
     fn logit(&self, i: usize, j: usize) -> f32 {
         let h = &self.hidden[i * self.d..(i + 1) * self.d];
@@ -167,10 +216,11 @@ impl LogpProblem<'_> {
             .iter()
             .zip(w)
             .fold(0.0f32, |acc, (a, b)| a.mul_add(*b, acc));
-        match self.bias {
+        let raw = match self.bias {
             Some(bias) => dot + bias[j],
             None => dot,
-        }
+        };
+        raw * self.inv_temperature
     }
 
     fn is_ignored(&self, i: usize) -> bool {
@@ -184,26 +234,48 @@ impl LogpProblem<'_> {
             .filter(|&t| t < self.v)
     }
 
-    /// `dz[i, j]` for one row's upstream gradients.
+    /// `∂L/∂logit[i, j]` from the tempered logit `z` and row i's saved `(lse, entropy)`.
     #[inline]
-    fn dlogit(&self, z: f32, lse: f32, g_logp: f32, g_lse: f32, is_target: bool) -> f32 {
+    fn dlogit(&self, z: f32, lse: f32, entropy: f32, g: RowGrad, is_target: bool) -> f32 {
         let p = (z - lse).exp();
-        let dz = (g_lse - g_logp) * p;
-        if is_target { dz + g_logp } else { dz }
+        let mut dz = (g.lse - g.logp) * p;
+        if is_target {
+            dz += g.logp;
+        }
+        // p = 0 (a −∞ logit) adds nothing, where (z − lse) would make 0·∞.
+        if self.entropy && p != 0.0 {
+            dz -= g.entropy * (p * ((z - lse) + entropy));
+        }
+        dz * self.inv_temperature
     }
 
-    /// The logp gradient of row i, zero for ignored rows.
-    fn g_logp(&self, i: usize, grad: &[f32]) -> f32 {
-        if self.is_ignored(i) { 0.0 } else { grad[2 * i] }
+    /// Row i's saved `(lse, entropy)` and upstream gradients.
+    fn row(&self, i: usize, stats: &[f32], grad: &[f32]) -> (f32, f32, RowGrad) {
+        let c = self.columns();
+        let ignored = self.is_ignored(i);
+        let drop = |x: f32| if ignored { 0.0 } else { x };
+        let entropy = if self.entropy { stats[c * i + 2] } else { 0.0 };
+        let g = RowGrad {
+            logp: drop(grad[c * i]),
+            lse: grad[c * i + 1],
+            entropy: if self.entropy {
+                drop(grad[c * i + 2])
+            } else {
+                0.0
+            },
+        };
+        (stats[c * i + 1], entropy, g)
     }
 }
 
-/// Forward: `[N, 2]` with `(logp, lse)` per row. The vocabulary is walked in
+/// Forward: `[N, C]` with `(logp, lse[, entropy])` per row. The vocabulary is walked in
 /// [`VOCAB_TILE`]-wide tiles in ascending order; only one tile of logits exists at a time.
 /// A target that is neither in range nor ignored yields NaN (the public API rejects those).
+/// Ignored rows get `logp = 0` and `entropy = 0`.
 pub fn linear_logp(problem: &LogpProblem<'_>) -> Vec<f32> {
-    let mut out = vec![0.0f32; 2 * problem.n];
-    out.par_chunks_mut(2).enumerate().for_each(|(i, stats)| {
+    let c = problem.columns();
+    let mut out = vec![0.0f32; c * problem.n];
+    out.par_chunks_mut(c).enumerate().for_each(|(i, stats)| {
         let mut tile = vec![0.0f32; VOCAB_TILE.min(problem.v)];
         let mut softmax = Softmax::EMPTY;
         let mut target_logit = f32::NAN;
@@ -219,13 +291,13 @@ pub fn linear_logp(problem: &LogpProblem<'_>) -> Vec<f32> {
             }
             softmax = softmax.merge(Softmax::of_tile(z));
         }
-        let lse = softmax.lse();
-        stats[0] = if problem.is_ignored(i) {
-            0.0
-        } else {
-            target_logit - lse
-        };
+        let (lse, entropy) = softmax.finish();
+        let ignored = problem.is_ignored(i);
+        stats[0] = if ignored { 0.0 } else { target_logit - lse };
         stats[1] = lse;
+        if problem.entropy {
+            stats[2] = if ignored { 0.0 } else { entropy };
+        }
     });
     out
 }
@@ -233,9 +305,10 @@ pub fn linear_logp(problem: &LogpProblem<'_>) -> Vec<f32> {
 /// `(dHidden, dWeight, dBias)` on the host, each present when requested.
 pub type HostGrads = (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>);
 
-/// Backward from `stats [N, 2]` (lse in column 1) and `grad [N, 2]` (`dLogp`, `dLse`).
-/// `dHidden[i]` sums over the vocabulary in ascending order; `dWeight[j]` and `dBias[j]` sum
-/// over tokens in ascending order. Logits are recomputed, never stored.
+/// Backward from `stats [N, C]` (lse in column 1, entropy in column 2) and `grad [N, C]`
+/// (`dLogp`, `dLse[, dEntropy]`). `dHidden[i]` sums over the vocabulary in ascending order;
+/// `dWeight[j]` and `dBias[j]` sum over tokens in ascending order, skipping rows whose upstream
+/// gradients are all zero. Logits are recomputed, never stored.
 pub fn linear_logp_backward(
     problem: &LogpProblem<'_>,
     stats: &[f32],
@@ -249,12 +322,14 @@ pub fn linear_logp_backward(
         let mut dh = vec![0.0f32; n * d];
         if d > 0 {
             dh.par_chunks_mut(d).enumerate().for_each(|(i, row)| {
-                let (lse, g_logp, g_lse) =
-                    (stats[2 * i + 1], problem.g_logp(i, grad), grad[2 * i + 1]);
+                let (lse, entropy, g) = problem.row(i, stats, grad);
+                if g.is_zero() {
+                    return;
+                }
                 let target = problem.target(i);
                 for j in 0..v {
                     let z = problem.logit(i, j);
-                    let dz = problem.dlogit(z, lse, g_logp, g_lse, target == Some(j));
+                    let dz = problem.dlogit(z, lse, entropy, g, target == Some(j));
                     let w = &problem.weight[j * d..(j + 1) * d];
                     for (acc, wv) in row.iter_mut().zip(w) {
                         *acc = dz.mul_add(*wv, *acc);
@@ -272,10 +347,12 @@ pub fn linear_logp_backward(
                 let mut dw = vec![0.0f32; if want_weight { d } else { 0 }];
                 let mut db = 0.0f32;
                 for i in 0..n {
-                    let (lse, g_logp, g_lse) =
-                        (stats[2 * i + 1], problem.g_logp(i, grad), grad[2 * i + 1]);
+                    let (lse, entropy, g) = problem.row(i, stats, grad);
+                    if g.is_zero() {
+                        continue;
+                    }
                     let z = problem.logit(i, j);
-                    let dz = problem.dlogit(z, lse, g_logp, g_lse, problem.target(i) == Some(j));
+                    let dz = problem.dlogit(z, lse, entropy, g, problem.target(i) == Some(j));
                     let h = &problem.hidden[i * d..(i + 1) * d];
                     for (acc, hv) in dw.iter_mut().zip(h) {
                         *acc = dz.mul_add(*hv, *acc);

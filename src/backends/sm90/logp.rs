@@ -11,6 +11,7 @@ use super::nvrtc::{RawKernel, Unit, launch};
 use super::operand::TmaOperand;
 use super::params::{LogpBwdParams, LogpFwdParams};
 use super::{LOGP_BWD_SMEM, LOGP_SMEM, sm_count};
+use crate::backend::LogpHead;
 use crate::backends::alloc::{empty, zeros};
 use crate::backends::cuda::{CudaOps, CudaTensor};
 
@@ -27,6 +28,7 @@ const LOGP_HAS_IGNORE: u32 = 2;
 const DBIAS_ACC_LOAD: u32 = 4;
 const DBIAS_ACC_STORE: u32 = 8;
 const DBIAS_STORE: u32 = 16;
+const LOGP_ENTROPY: u32 = 32;
 
 /// The kernels' dtype suffix.
 fn is_bf16(dtype: DType) -> bool {
@@ -57,6 +59,11 @@ fn normalized_targets(
     let is_ignored = ignore_index
         .map(|ignore| CudaOps::int_equal_elem(targets.clone(), ignore.into(), BoolDType::U8));
     let mut targets = targets;
+    if targets.dtype == DType::I32 && is_ignored.is_some() {
+        // −1 becomes the ignore sentinel below: a raw −1 (unchecked, out of range) is −2.
+        let minus_one = CudaOps::int_equal_elem(targets.clone(), (-1i64).into(), BoolDType::U8);
+        targets = CudaOps::int_mask_fill(targets, minus_one, (-2i64).into());
+    }
     if targets.dtype != DType::I32 {
         let below = CudaOps::int_lower_elem(targets.clone(), 0i64.into(), BoolDType::U8);
         let vocab = (vocab as i64).into();
@@ -70,8 +77,25 @@ fn normalized_targets(
     (into_contiguous(narrow(targets)), ignore_index.map(|_| -1))
 }
 
-fn logp_flags(bias: bool, ignore_index: Option<i64>) -> u32 {
-    (if bias { LOGP_HAS_BIAS } else { 0 }) | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE)
+fn logp_flags(bias: bool, ignore_index: Option<i64>, head: LogpHead) -> u32 {
+    (if bias { LOGP_HAS_BIAS } else { 0 })
+        | ignore_index.map_or(0, |_| LOGP_HAS_IGNORE)
+        | if head.entropy { LOGP_ENTROPY } else { 0 }
+}
+
+/// The entry `<stem>[_ent]_<dtype>` of the `linear_logp` kernels.
+fn logp_entry(stem: &str, dtype: DType, head: LogpHead) -> &'static str {
+    match (stem, head.entropy, is_bf16(dtype)) {
+        ("fwd", false, true) => "ib_logp_fwd_bf16",
+        ("fwd", false, false) => "ib_logp_fwd_f16",
+        ("fwd", true, true) => "ib_logp_fwd_ent_bf16",
+        ("fwd", true, false) => "ib_logp_fwd_ent_f16",
+        ("bwd_dz", false, true) => "ib_logp_bwd_dz_bf16",
+        ("bwd_dz", false, false) => "ib_logp_bwd_dz_f16",
+        ("bwd_dz", true, true) => "ib_logp_bwd_dz_ent_bf16",
+        ("bwd_dz", true, false) => "ib_logp_bwd_dz_ent_f16",
+        (other, ..) => unreachable!("no linear_logp entry `{other}`"),
+    }
 }
 
 /// The inputs of either direction, as the kernels take them.
@@ -81,9 +105,10 @@ pub(crate) struct LogpArgs {
     pub bias: Option<CudaTensor>,
     pub targets: CudaTensor,
     pub ignore_index: Option<i64>,
+    pub head: LogpHead,
 }
 
-/// Forward: `[N, 2]` f32 `(logp, lse)`.
+/// Forward: `[N, C]` f32 `(logp, lse[, entropy])`.
 pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
     let LogpArgs {
         hidden,
@@ -91,6 +116,7 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         bias,
         targets,
         ignore_index,
+        head,
     } = args;
     let (n, d, v) = (
         hidden.meta.shape()[0],
@@ -108,6 +134,11 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
     let lse = empty(&hidden, vec![n], DType::F32);
     let segments = v.div_ceil(FWD_SEGMENT_COLS);
     let workspace = empty(&hidden, vec![segments * n * 2], DType::F32);
+    // The shifted sums and the entropy exist only when asked for; otherwise any live buffer.
+    let shifted = head
+        .entropy
+        .then(|| empty(&hidden, vec![segments * n], DType::F32));
+    let entropy = head.entropy.then(|| empty(&hidden, vec![n], DType::F32));
     let (targets, ignore_index) = normalized_targets(targets, ignore_index, v);
     let bias = bias.map(into_contiguous);
     let (h, w) = (TmaOperand::new(hidden), TmaOperand::new(weight));
@@ -115,10 +146,23 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         n: n as u32,
         v: v as u32,
         d: d as u32,
-        flags: logp_flags(bias.is_some(), ignore_index),
+        flags: logp_flags(bias.is_some(), ignore_index, head),
         ignore_index: ignore_index.unwrap_or(0),
+        inv_t: head.inv_temperature,
+        pad: 0,
     };
-    let outputs = || [&targets, &logp, &lse, &workspace].map(|t| t.handle.clone().binding());
+    let outputs = || {
+        let any = &workspace;
+        [
+            &targets,
+            &logp,
+            &lse,
+            &workspace,
+            shifted.as_ref().unwrap_or(any),
+            entropy.as_ref().unwrap_or(any),
+        ]
+        .map(|t| t.handle.clone().binding())
+    };
     let bias_binding = bias
         .as_ref()
         .map_or_else(|| h.binding(), |b| b.handle.clone().binding());
@@ -126,13 +170,8 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
     buffers.extend(outputs());
     let items = n.div_ceil(128).div_ceil(2) * segments;
     let grid = 2 * items.min(sm_count(&client) / 2).max(1);
-    let entry = if is_bf16(dtype) {
-        "ib_logp_fwd_bf16"
-    } else {
-        "ib_logp_fwd_f16"
-    };
     let forward = RawKernel {
-        entry,
+        entry: logp_entry("fwd", dtype, head),
         unit: Unit::Logp,
         block: 384,
         smem: LOGP_SMEM,
@@ -159,9 +198,9 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         outputs().to_vec(),
         &params,
     );
-    let logp = CudaOps::float_reshape(logp, Shape::new([n, 1]));
-    let lse = CudaOps::float_reshape(lse, Shape::new([n, 1]));
-    CudaOps::float_cat(vec![logp, lse], 1)
+    let column = |t: CudaTensor| CudaOps::float_reshape(t, Shape::new([n, 1]));
+    let columns = [Some(logp), Some(lse), entropy].into_iter().flatten();
+    CudaOps::float_cat(columns.map(column).collect(), 1)
 }
 
 /// Flags of chunk `index` of `count` in an f32 accumulation over chunks: load the running sum
@@ -203,10 +242,15 @@ struct Backward {
     bias: Option<CudaTensor>,
     targets: CudaTensor,
     ignore_index: Option<i64>,
-    /// The lse column of the forward's stats, and the upstream `dLogp`, `dLse` columns.
-    columns: [CudaTensor; 3],
+    head: LogpHead,
+    /// The forward's lse, the upstream `dLogp` and `dLse`, then the forward's entropy and the
+    /// upstream `dEntropy` (these two only with `head.entropy`).
+    columns: [Option<CudaTensor>; 5],
     /// `dz` of the live chunk: `[min(N, TOKEN_CHUNK), VOCAB_CHUNK]`.
     dz: TmaOperand,
+    /// `hidden` with the rows whose upstream gradients are all zero set to 0: the `dWeight`
+    /// product's operand, so such rows add exactly nothing even when they hold NaN / Inf.
+    h_live: TmaOperand,
     dbias_part: CudaTensor,
     /// f32 running sums of the accumulations over chunks, where there is more than one.
     dh_acc: Option<CudaTensor>,
@@ -224,6 +268,7 @@ impl Backward {
             bias,
             targets,
             ignore_index,
+            head,
         } = args;
         let (n, d, v) = (
             hidden.meta.shape()[0],
@@ -238,8 +283,26 @@ impl Backward {
                 Shape::new([n]),
             ))
         };
-        let columns = [column(&stats, 1), column(&grad, 0), column(&grad, 1)];
+        let entropy = |t: &CudaTensor| head.entropy.then(|| column(t, 2));
+        let upstream = [column(&grad, 0), column(&grad, 1)];
+        let g_ent = entropy(&grad);
         let (targets, ignore_index) = normalized_targets(targets, ignore_index, v);
+        let live = live_rows(
+            hidden.clone(),
+            &upstream,
+            g_ent.as_ref(),
+            &targets,
+            ignore_index,
+        );
+        let [g_logp, g_lse] = upstream;
+        // In the kernel's argument order: lse, dLogp, dLse, entropy, dEntropy.
+        let columns = [
+            Some(column(&stats, 1)),
+            Some(g_logp),
+            Some(g_lse),
+            entropy(&stats),
+            g_ent,
+        ];
         let bias = bias.map(into_contiguous);
         let grads = (
             empty(&hidden, vec![n, d], dtype),
@@ -261,17 +324,19 @@ impl Backward {
                 .filter(|_| chunks[1] > 1)
                 .map(|b| empty(b, vec![v], DType::F32)),
             h: TmaOperand::new(hidden),
+            h_live: TmaOperand::new(live),
             w: TmaOperand::new(weight),
             bias,
             targets,
             ignore_index,
+            head,
             columns,
             grads,
         }
     }
 
     fn params(&self, chunk: Chunk) -> LogpBwdParams {
-        let mut flags = logp_flags(self.bias.is_some(), self.ignore_index);
+        let mut flags = logp_flags(self.bias.is_some(), self.ignore_index, self.head);
         if self.bias.is_some() {
             let dbias = [DBIAS_ACC_LOAD, DBIAS_ACC_STORE, DBIAS_STORE];
             flags |= chunk_flags(chunk.ti, self.chunks[1], dbias);
@@ -285,7 +350,7 @@ impl Backward {
             t0: chunk.t0 as u32,
             v0: chunk.v0 as u32,
             ldz: VOCAB_CHUNK as u32,
-            pad: 0,
+            inv_t: self.head.inv_temperature,
         }
     }
 
@@ -294,30 +359,22 @@ impl Backward {
         t.map_or_else(|| self.h.binding(), |t| t.handle.clone().binding())
     }
 
-    /// `dz = (dLse − dLogp)·p + dLogp·onehot` of the chunk, and its dBias row-block partials.
+    /// `dz = ((dLse − dLogp)·p + dLogp·onehot − dEntropy·p·(z − lse + H)) / T` of the chunk,
+    /// and its dBias row-block partials.
     fn launch_dz(&self, chunk: Chunk) {
         let client = &self.grads.0.client;
-        let [lse, g_logp, g_lse] = &self.columns;
-        let buffers = vec![
+        let mut buffers = vec![
             self.h.binding(),
             self.w.binding(),
             self.or_any(self.bias.as_ref()),
             self.targets.handle.clone().binding(),
-            lse.handle.clone().binding(),
-            g_logp.handle.clone().binding(),
-            g_lse.handle.clone().binding(),
-            self.dz.binding(),
-            self.dbias_part.handle.clone().binding(),
         ];
+        buffers.extend(self.columns.iter().map(|c| self.or_any(c.as_ref())));
+        buffers.extend([self.dz.binding(), self.dbias_part.handle.clone().binding()]);
         let tiles = chunk.tw.div_ceil(128).div_ceil(2) * chunk.vw.div_ceil(256);
         let grid = 2 * tiles.min(sm_count(client) / 2).max(1);
-        let entry = if is_bf16(self.dtype) {
-            "ib_logp_bwd_dz_bf16"
-        } else {
-            "ib_logp_bwd_dz_f16"
-        };
         let kernel = RawKernel {
-            entry,
+            entry: logp_entry("bwd_dz", self.dtype, self.head),
             unit: Unit::Logp,
             block: 384,
             smem: LOGP_BWD_SMEM,
@@ -378,7 +435,7 @@ impl Backward {
                 [chunk.tw, chunk.vw],
             ),
             Gradient::Weight => (
-                (&self.h, self.h.map(chunk.t0, chunk.tw)),
+                (&self.h_live, self.h_live.map(chunk.t0, chunk.tw)),
                 [chunk.vw, chunk.tw],
             ),
         };
@@ -396,6 +453,37 @@ impl Backward {
     }
 }
 
+/// `hidden` with the rows whose upstream gradients are all zero, as the `dz` kernel decides
+/// (`dLogp` and `dEntropy` dropped for ignored rows), set to 0.
+fn live_rows(
+    hidden: CudaTensor,
+    [g_logp, g_lse]: &[CudaTensor; 2],
+    g_ent: Option<&CudaTensor>,
+    targets: &CudaTensor,
+    ignore_index: Option<i64>,
+) -> CudaTensor {
+    use burn::tensor::{BoolDType, ops::BoolTensorOps, ops::IntTensorOps};
+    let shape = hidden.meta.shape().to_vec();
+    let nonzero =
+        |t: &CudaTensor| CudaOps::float_not_equal_elem(t.clone(), 0.0f32.into(), BoolDType::U8);
+    // The upstream dLogp and dEntropy, where present, count only on rows that are not ignored.
+    let counted = |t: &CudaTensor| match ignore_index {
+        Some(ignore) => CudaOps::bool_and(
+            nonzero(t),
+            CudaOps::int_not_equal_elem(targets.clone(), ignore.into(), BoolDType::U8),
+        ),
+        None => nonzero(t),
+    };
+    let mut live = CudaOps::bool_or(nonzero(g_lse), counted(g_logp));
+    if let Some(g_ent) = g_ent {
+        live = CudaOps::bool_or(live, counted(g_ent));
+    }
+    let dead = CudaOps::bool_not(live);
+    let dead = CudaOps::bool_reshape(dead, Shape::new([shape[0], 1]));
+    let dead = CudaOps::bool_expand(dead, Shape::from(shape));
+    CudaOps::float_mask_fill(hidden, dead, 0.0f32.into())
+}
+
 /// The gradient a chunk GEMM accumulates.
 #[derive(Debug, Clone, Copy)]
 enum Gradient {
@@ -403,7 +491,7 @@ enum Gradient {
     Weight,
 }
 
-/// Backward from the forward's `stats [N, 2]` and the upstream `grad [N, 2]`.
+/// Backward from the forward's `stats [N, C]` and the upstream `grad [N, C]`.
 pub(crate) fn linear_logp_backward(
     args: LogpArgs,
     stats: CudaTensor,

@@ -170,10 +170,11 @@ fn logp_args<R: CubeRuntime, B: CubePrimitives<R>>(inputs: LinearLogpInputs<B>) 
         bias: inputs.bias.map(cuda),
         targets: cuda(inputs.targets),
         ignore_index: inputs.ignore_index,
+        head: inputs.head,
     }
 }
 
-/// Forward: `[N, 2]` f32 `(logp, lse)`.
+/// Forward: `[N, C]` f32 `(logp, lse[, entropy])`.
 pub(crate) fn linear_logp<R: CubeRuntime, B: CubePrimitives<R>>(
     inputs: LinearLogpInputs<B>,
 ) -> CubeTensor<R> {

@@ -25,9 +25,12 @@ pub(crate) struct LogpFwdParams {
     pub n: u32,
     pub v: u32,
     pub d: u32,
-    /// `LOGP_HAS_BIAS | LOGP_HAS_IGNORE`.
+    /// `LOGP_HAS_BIAS | LOGP_HAS_IGNORE | LOGP_ENTROPY`.
     pub flags: u32,
     pub ignore_index: i64,
+    /// `1 / temperature`.
+    pub inv_t: f32,
+    pub pad: u32,
 }
 
 /// `LogpBwdParams` of `kernels/linear_logp_sm90.cu`: one chunk of the backward.
@@ -47,7 +50,8 @@ pub(crate) struct LogpBwdParams {
     pub v0: u32,
     /// Row stride (elements) of dz and of the dbias partials.
     pub ldz: u32,
-    pub pad: u32,
+    /// `1 / temperature`.
+    pub inv_t: f32,
 }
 
 /// `SyncParams` of `kernels/stream_sync.cu`.
@@ -83,7 +87,7 @@ mod tests {
 
     use super::*;
 
-    /// `(field, offset, size)` of `name` in a C source: the fields are `u32`, `u64`,
+    /// `(field, offset, size)` of `name` in a C source: the fields are `u32`, `float`, `u64`,
     /// `long long` or pointers, laid out at their natural alignment.
     fn c_layout(source: &str, name: &str) -> (Vec<(String, usize, usize)>, usize) {
         let start = source
@@ -110,7 +114,7 @@ mod tests {
                 decl.split_once(' ').expect("a C declaration")
             };
             let size = match ty {
-                "u32" => 4,
+                "u32" | "float" => 4,
                 "u64" | "long long" | "ptr" => 8,
                 other => panic!("unexpected C type `{other}` in {name}"),
             };
@@ -157,14 +161,13 @@ mod tests {
                 v: u32,
                 d: u32,
                 flags: u32,
-                ignore_index: i64
+                ignore_index: i64,
+                inv_t: f32,
+                pad: u32
             })
         );
-        // The C struct ends in 4 bytes of tail padding where the mirror has `pad`.
-        let (mut fields, size) = c_layout(LOGP, "LogpBwdParams");
-        fields.push(("pad".into(), 36, 4));
         assert_eq!(
-            (fields, size),
+            c_layout(LOGP, "LogpBwdParams"),
             rust_layout!(LogpBwdParams {
                 tw: u32,
                 vw: u32,
@@ -174,7 +177,7 @@ mod tests {
                 t0: u32,
                 v0: u32,
                 ldz: u32,
-                pad: u32
+                inv_t: f32
             })
         );
         assert_eq!(
