@@ -66,7 +66,7 @@ impl<B: InvariantBackend> Policy<B> {
     }
 }
 
-/// A small xorshift generator: the example is deterministic.
+/// A small xorshift generator for the rollout's data.
 struct Rng(u64);
 
 impl Rng {
@@ -153,6 +153,7 @@ fn host(t: Tensor<impl Backend, 1>) -> Vec<f32> {
 
 fn main() {
     let device = Default::default();
+    <Train as Backend>::seed(&device, 7); // the policy's initial weights
     println!("backend: {}", <Train as Backend>::name(&device));
     let mut policy = Policy::<Train>::new(&device);
     let r = rollout(7);
