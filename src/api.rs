@@ -160,7 +160,13 @@ pub fn linear<B: InvariantBackend, const D: usize>(
     bias: Option<Tensor<B, 1>>,
 ) -> Result<Tensor<B, D>, InvariantError> {
     let dims = input.dims();
-    let k = dims[D - 1];
+    let Some(&k) = dims.last() else {
+        return Err(InvariantError::Shape {
+            arg: "input",
+            expected: "at least one dimension (the features K)".into(),
+            got: vec![],
+        });
+    };
     let [weight_k, n] = weight.dims();
     if weight_k != k {
         return Err(InvariantError::Shape {
@@ -169,7 +175,17 @@ pub fn linear<B: InvariantBackend, const D: usize>(
             got: vec![weight_k, n],
         });
     }
-    let rows = dims[..D - 1].iter().product::<usize>();
+    let Some(rows) = dims[..D - 1]
+        .iter()
+        .try_fold(1usize, |acc, &e| acc.checked_mul(e))
+    else {
+        return Err(InvariantError::TooLarge {
+            arg: "input",
+            what: "the rows (the product of the leading dimensions)",
+            got: u64::MAX,
+            limit: validate::INDEX_LIMIT,
+        });
+    };
     let out = gemm(input.reshape([rows, k]), weight, bias)?;
     let mut out_dims = dims;
     out_dims[D - 1] = n;
@@ -315,6 +331,8 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     }
     validate::index_limit("hidden", &hidden.dims())?;
     validate::index_limit("weight", &weight.dims())?;
+    // The per-row statistics `[N, 3]` and their gradient are indexed by the kernels too.
+    validate::index_limit("targets", &[n, 3])?;
     let problem = Problem::LinearLogp { n, d, v };
     let implementation =
         implementation_for_problem::<B>(Op::LinearLogp, &device, hidden.dtype(), problem)?;
@@ -334,13 +352,8 @@ fn implementation_for_problem<B: InvariantBackend>(
     problem: Problem,
 ) -> Result<Implementation, InvariantError> {
     let chosen = implementation_for::<B>(op, device, dtype)?;
-    let Err(reason) = B::check_problem(chosen, problem) else {
+    let Err(refused) = B::check_problem(chosen, device, dtype, problem) else {
         return Ok(chosen);
-    };
-    let refused = InvariantError::UnsupportedProblem {
-        implementation: chosen,
-        problem,
-        reason,
     };
     // No other choice when forced, or when the refusal is for the number of rows alone:
     // choosing by rows would break row invariance.
@@ -348,13 +361,15 @@ fn implementation_for_problem<B: InvariantBackend>(
         Problem::Matmul { k, n, .. } => Problem::Matmul { m: 1, k, n },
         Problem::LinearLogp { d, v, .. } => Problem::LinearLogp { n: 1, d, v },
     };
-    if forced_implementation()?.is_some() || B::check_problem(chosen, one_row).is_ok() {
+    if forced_implementation()?.is_some()
+        || B::check_problem(chosen, device, dtype, one_row).is_ok()
+    {
         return Err(refused);
     }
     B::implementations(op, device, dtype)
         .into_iter()
         .filter(|c| c.availability.is_ok())
         .map(|c| c.implementation)
-        .find(|&imp| B::check_problem(imp, problem).is_ok())
+        .find(|&imp| B::check_problem(imp, device, dtype, problem).is_ok())
         .ok_or(refused)
 }

@@ -127,11 +127,18 @@ pub trait InvariantBackend: Backend {
     /// most preferred first, each saying whether it can run.
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate>;
 
-    /// Shape limits of `implementation` beyond dtype and device. On `Err(reason)` the public
-    /// functions take the next available implementation that accepts the problem; when none
-    /// does, or the refusing one was forced, the reason reaches the caller as
-    /// [`crate::InvariantError::UnsupportedProblem`] before anything runs.
-    fn check_problem(_implementation: Implementation, _problem: Problem) -> Result<(), String> {
+    /// Limits of `implementation` on `device` for a call of these sizes in `dtype` (forward and
+    /// backward), beyond dtype and device support: [`crate::InvariantError::TooLarge`] where a
+    /// size passes a kernel limit, [`crate::InvariantError::UnsupportedProblem`] where the
+    /// kernels do not take the shape. On `Err` the public functions take the next available
+    /// implementation that accepts the problem, unless the refusal is for the number of rows or
+    /// the refusing one was forced; then the error reaches the caller before anything runs.
+    fn check_problem(
+        _implementation: Implementation,
+        _device: &Self::Device,
+        _dtype: DType,
+        _problem: Problem,
+    ) -> Result<(), InvariantError> {
         Ok(())
     }
 

@@ -25,7 +25,9 @@ fn leaf_targets_kernel<I: Int>(
     #[comptime] has_ignore: bool,
     #[define(I)] _dtype: StorageType,
 ) {
-    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
+        * CUBE_DIM_X as usize
+        + UNIT_POS_X as usize;
     if row < n as usize {
         let t = targets[row];
         let mut ignored = false;
@@ -50,7 +52,9 @@ fn leaf_targets_kernel<I: Int>(
 /// equal infinities give that infinity); NaN propagates.
 #[cube(launch_unchecked)]
 fn merge_lse_kernel(a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>, n: u32) {
-    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
+        * CUBE_DIM_X as usize
+        + UNIT_POS_X as usize;
     if row < n as usize {
         let x = a[row];
         let y = b[row];
@@ -72,7 +76,9 @@ fn merge_entropy_kernel(
     n_rows: u32,
     neg_inf: f32,
 ) {
-    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
+        * CUBE_DIM_X as usize
+        + UNIT_POS_X as usize;
     let n = n_rows as usize;
     if row < n {
         let x = a[row];
@@ -107,7 +113,9 @@ fn pick_kernel<I: Int>(
     #[comptime] has_acc: bool,
     #[define(I)] _dtype: StorageType,
 ) {
-    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
+        * CUBE_DIM_X as usize
+        + UNIT_POS_X as usize;
     let n = n as usize;
     if row < n {
         let mut logp = 0.0f32;
@@ -142,7 +150,9 @@ fn finish_kernel<I: Int>(
     #[comptime] has_ignore: bool,
     #[define(I)] _dtype: StorageType,
 ) {
-    let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
+        * CUBE_DIM_X as usize
+        + UNIT_POS_X as usize;
     let n = n as usize;
     if row < n {
         let t = targets[row];
@@ -188,10 +198,14 @@ fn contiguous<R: Runtime>(
     Ok(())
 }
 
+/// The grid over N rows: cubes along x up to the runtime's limit, then rows of them along y
+/// (the kernels number cubes row-major and skip rows past N).
 fn rows<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Result<(CubeCount, u32), KernelError> {
     let n32 = crate::util::to_u32("targets", "N", n)?;
-    let (gx, _) = check_grid(client, "targets", n.div_ceil(BLOCK), 1)?;
-    Ok((CubeCount::Static(gx, 1, 1), n32))
+    let cubes = n.div_ceil(BLOCK).max(1);
+    let max_x = client.properties().hardware.max_cube_count.0.max(1) as usize;
+    let (gx, gy) = check_grid(client, "targets", cubes.min(max_x), cubes.div_ceil(max_x))?;
+    Ok((CubeCount::Static(gx, gy, 1), n32))
 }
 
 /// An integer scalar of `targets`' dtype, saturated to its range.

@@ -196,7 +196,8 @@ pub(crate) fn check_view<R: Runtime>(
                 ),
             });
         }
-        for &st in &strides {
+        // A stride of an extent-1 dimension is never multiplied by a nonzero index.
+        for (&st, _) in strides.iter().zip(&shape).filter(|(_, s)| **s > 1) {
             if st as u128 > MAX_INDEX {
                 return Err(KernelError::IndexOverflow {
                     arg,
@@ -290,4 +291,18 @@ pub(crate) fn chunks(total: usize, size: usize) -> impl Iterator<Item = (usize, 
     (0..total)
         .step_by(size.max(1))
         .map(move |start| (start, size.min(total - start)))
+}
+
+/// `(start, len)` of the launches that cover `total` items, `per_cube` items per cube, within the
+/// runtime's cube count along `axis` (0: x, 1: y); one launch where it fits. Only for kernels
+/// that compute every item independently of the others, so the split never changes a bit.
+pub(crate) fn launch_chunks<R: Runtime>(
+    client: &ComputeClient<R>,
+    axis: usize,
+    total: usize,
+    per_cube: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    let (mx, my, _) = client.properties().hardware.max_cube_count;
+    let cubes = if axis == 0 { mx } else { my } as usize;
+    chunks(total, cubes.max(1) * per_cube)
 }

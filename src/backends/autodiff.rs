@@ -399,8 +399,13 @@ impl<B: InvariantBackend, C: CheckpointStrategy> InvariantBackend for Autodiff<B
         B::implementations(op, device, dtype)
     }
 
-    fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {
-        B::check_problem(implementation, problem)
+    fn check_problem(
+        implementation: Implementation,
+        device: &Self::Device,
+        dtype: DType,
+        problem: Problem,
+    ) -> Result<(), InvariantError> {
+        B::check_problem(implementation, device, dtype, problem)
     }
 
     fn invariant_matmul(

@@ -3,8 +3,8 @@
 //! (`super::sm90`). Outputs and workspaces are allocated on the tensors' own client and
 //! stream, so the ops order with every other Burn op.
 use burn::tensor::{
-    DType,
-    ops::{FloatTensor, FloatTensorOps, IntTensor},
+    DType, Slice,
+    ops::{FloatTensor, FloatTensorOps, IntTensor, IntTensorOps},
 };
 use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, kernel::into_contiguous,
@@ -15,6 +15,7 @@ use burn_invariant_cubecl::{KernelError, gemm, logp, tp as tp_kernels, util};
 use super::alloc::{empty, zeros};
 #[cfg(feature = "cuda")]
 use super::sm90;
+use crate::InvariantError;
 use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, Problem};
 use crate::registry::{Candidate, Implementation, Op};
 
@@ -57,9 +58,85 @@ fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R> {
     CubeBackend::<R, f32, i32, u8>::int_cast(targets, dtype)
 }
 
-/// Kernel launches only fail on inputs the public API has already rejected.
+/// Kernel launches only fail on inputs the public API has already rejected: dtypes and shapes
+/// (`api`), sizes (`cubecl_limits` through `check_problem`), 32-bit addressing (`addressable`),
+/// grids (the kernels split launches to the runtime's cube count). A failure here is a bug.
 fn launched<T>(result: Result<T, KernelError>) -> T {
     result.unwrap_or_else(|err| panic!("burn-invariant: a validated launch was refused: {err}"))
+}
+
+/// The CubeCl limits of a problem on `device`, checked before anything runs: the `linear_logp`
+/// backward's workspace and grids (a forward may be differentiated later, where no error can be
+/// returned). Every other size runs, in as many launches as it needs.
+fn cubecl_limits<R: CubeRuntime>(
+    device: &R::Device,
+    dtype: DType,
+    problem: Problem,
+) -> Result<(), InvariantError> {
+    let Problem::LinearLogp { n, d, v } = problem else {
+        return Ok(());
+    };
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Ok(());
+    }
+    let client = R::client(device);
+    logp::linear_logp_backward_limits(&client, [n, d, v], dtype.into(), true).map_err(|err| {
+        match err {
+            KernelError::IndexOverflow {
+                arg,
+                what,
+                value,
+                limit,
+            } => InvariantError::TooLarge {
+                arg,
+                what,
+                got: value.min(u64::MAX as u128) as u64,
+                limit: limit as u64,
+            },
+            KernelError::GridTooLarge {
+                arg,
+                what,
+                value,
+                limit,
+            } => InvariantError::TooLarge {
+                arg,
+                what,
+                got: value,
+                limit,
+            },
+            other => InvariantError::UnsupportedProblem {
+                implementation: Implementation::CubeCl,
+                problem,
+                reason: other.to_string(),
+            },
+        }
+    })
+}
+
+/// `t`, copied to a contiguous buffer where its buffer or the span its strides address passes
+/// the kernels' 32-bit offsets (a column slice of a wide tensor); its own element count fits
+/// (`api` checks it), so the copy does.
+fn addressable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let limit = burn_invariant_cubecl::consts::MAX_INDEX;
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let span = if shape.contains(&0) {
+        0
+    } else {
+        shape
+            .iter()
+            .zip(strides.iter())
+            .map(|(&s, &st)| (s as u128 - 1) * st as u128)
+            .sum::<u128>()
+    };
+    let buffer = t.handle.size_in_used() as u128 / t.dtype.size() as u128;
+    if span <= limit && buffer <= limit + 1 {
+        t
+    } else if t.is_contiguous() {
+        // Contiguous, but in a larger buffer than its elements: a copy of just them.
+        t.copy()
+    } else {
+        into_contiguous(t)
+    }
 }
 
 fn is_empty(shape: &[usize]) -> bool {
@@ -77,7 +154,8 @@ pub(crate) fn matmul<R: CubeRuntime>(
     if is_empty(&[m, n]) {
         return out;
     }
-    let bias = bias.map(|b| b.binding());
+    let (lhs, rhs) = (addressable(lhs), addressable(rhs));
+    let bias = bias.map(|b| addressable(b).binding());
     launched(gemm::matmul(
         &lhs.client,
         &lhs.clone().binding(),
@@ -115,11 +193,22 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         ]
     }
 
-    fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {
+    fn check_problem(
+        implementation: Implementation,
+        device: &Self::Device,
+        dtype: DType,
+        problem: Problem,
+    ) -> Result<(), InvariantError> {
         match implementation {
             #[cfg(feature = "cuda")]
-            Implementation::Sm90 => sm90::check_problem(problem),
-            _ => Ok(()),
+            Implementation::Sm90 => {
+                sm90::check_problem(problem).map_err(|reason| InvariantError::UnsupportedProblem {
+                    implementation,
+                    problem,
+                    reason,
+                })
+            }
+            _ => cubecl_limits::<R>(device, dtype, problem),
         }
     }
 
@@ -174,6 +263,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             return zeros(&grad, vec![k, n], grad.dtype);
         }
         let out = empty(&grad, vec![k, n], grad.dtype);
+        let (lhs, grad) = (addressable(lhs), addressable(grad));
         launched(gemm::matmul_row_reduction(
             &grad.client,
             &Self::float_swap_dims(lhs, 0, 1).binding(),
@@ -193,6 +283,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             return zeros(&grad, vec![n], grad.dtype);
         }
         let out = empty(&grad, vec![n], grad.dtype);
+        let grad = addressable(grad);
         launched(gemm::col_sum(
             &grad.client,
             &grad.clone().binding(),
@@ -211,28 +302,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             return sm90::linear_logp(inputs);
         }
         let _ = implementation;
-        let inputs = LinearLogpInputs {
-            targets: index_targets(inputs.targets),
-            ..inputs
-        };
-        let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
-        let stats = empty(&inputs.hidden, vec![n, inputs.head.columns()], DType::F32);
-        if n == 0 {
-            return stats;
-        }
-        let workspace = empty(
-            &inputs.hidden,
-            vec![logp::linear_logp_forward_workspace_len(n, v, inputs.hidden.dtype.into()).max(1)],
-            DType::F32,
-        );
-        let bindings = LogpBindings::new(&inputs);
-        launched(logp::linear_logp_forward(
-            &inputs.hidden.client,
-            &bindings.refs(&inputs),
-            &stats.clone().binding(),
-            &workspace.binding(),
-        ));
-        stats
+        linear_logp_forward(kernel_inputs(inputs))
     }
 
     fn invariant_linear_logp_backward(
@@ -350,6 +420,80 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     }
 }
 
+/// The inputs as the kernels take them: targets in a kernel dtype, every view addressable.
+fn kernel_inputs<R, F, I, BT>(
+    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
+) -> LinearLogpInputs<CubeBackend<R, F, I, BT>>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    LinearLogpInputs {
+        hidden: addressable(inputs.hidden),
+        weight: addressable(inputs.weight),
+        bias: inputs.bias.map(addressable),
+        targets: addressable(index_targets(inputs.targets)),
+        ..inputs
+    }
+}
+
+/// The CubeCl `linear_logp` forward, in calls of at most
+/// [`logp::linear_logp_forward_max_rows`] rows (rows are independent: the split changes no bit),
+/// all sharing one workspace on the stream.
+fn linear_logp_forward<R, F, I, BT>(
+    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
+    let dtype = inputs.hidden.dtype.into();
+    let columns = inputs.head.columns();
+    if n == 0 {
+        return empty(&inputs.hidden, vec![0, columns], DType::F32);
+    }
+    let rows = logp::linear_logp_forward_max_rows(&inputs.hidden.client, v, dtype).min(n);
+    let workspace = empty(
+        &inputs.hidden,
+        vec![logp::linear_logp_forward_workspace_len(rows, v, dtype).max(1)],
+        DType::F32,
+    );
+    let run = |inputs: &LinearLogpInputs<B<R, F, I, BT>>| {
+        let rh = inputs.hidden.meta.shape()[0];
+        let stats = empty(&inputs.hidden, vec![rh, columns], DType::F32);
+        let bindings = LogpBindings::new(inputs);
+        launched(logp::linear_logp_forward(
+            &inputs.hidden.client,
+            &bindings.refs(inputs),
+            &stats.clone().binding(),
+            &workspace.clone().binding(),
+        ));
+        stats
+    };
+    if rows == n {
+        return run(&inputs);
+    }
+    let parts = (0..n)
+        .step_by(rows)
+        .map(|start| {
+            let range = [Slice::from(start..n.min(start + rows))];
+            let part = LinearLogpInputs {
+                hidden: B::<R, F, I, BT>::float_slice(inputs.hidden.clone(), &range),
+                targets: B::<R, F, I, BT>::int_slice(inputs.targets.clone(), &range),
+                ..inputs.clone()
+            };
+            run(&part)
+        })
+        .collect::<Vec<_>>();
+    B::<R, F, I, BT>::float_cat(parts, 0)
+}
+
 /// The CubeCl `linear_logp` backward: zeroed gradients (rows with zero upstream gradient add
 /// nothing), one bounded f32 workspace.
 fn linear_logp_backward<R, F, I, BT>(
@@ -364,10 +508,7 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    let inputs = LinearLogpInputs {
-        targets: index_targets(inputs.targets),
-        ..inputs
-    };
+    let inputs = kernel_inputs(inputs);
     let hidden_shape = inputs.hidden.meta.shape().to_vec();
     let weight_shape = inputs.weight.meta.shape().to_vec();
     let (n, d, v) = (hidden_shape[0], hidden_shape[1], weight_shape[0]);

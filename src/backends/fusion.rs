@@ -10,6 +10,7 @@ use burn_fusion::{
 };
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
+use crate::InvariantError;
 use crate::backend::{
     GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, LogpHead, Problem,
 };
@@ -183,8 +184,13 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
         B::implementations(op, device, dtype)
     }
 
-    fn check_problem(implementation: Implementation, problem: Problem) -> Result<(), String> {
-        B::check_problem(implementation, problem)
+    fn check_problem(
+        implementation: Implementation,
+        device: &Self::Device,
+        dtype: DType,
+        problem: Problem,
+    ) -> Result<(), InvariantError> {
+        B::check_problem(implementation, device, dtype, problem)
     }
 
     fn invariant_matmul(

@@ -41,6 +41,20 @@ impl<'a, R: Runtime> Mat<'a, R> {
         })
     }
 
+    /// This view from column `col` on; `arg` names the buffer in the error if the offset passes
+    /// 32 bits.
+    pub(crate) fn cols_from(
+        &self,
+        arg: &'static str,
+        col: usize,
+    ) -> Result<Mat<'a, R>, KernelError> {
+        let offset = self.offset as usize + col * self.s1 as usize;
+        Ok(Mat {
+            offset: to_u32(arg, "offset", offset)?,
+            ..self.shallow()
+        })
+    }
+
     /// A copy of this descriptor (same buffer reference).
     pub(crate) fn shallow(&self) -> Mat<'a, R> {
         Mat {
@@ -109,4 +123,19 @@ pub(crate) struct GemmOperands<'a, R: Runtime> {
     pub rhs: Mat<'a, R>,
     pub bias: Option<Vec1<'a, R>>,
     pub out: Mat<'a, R>,
+}
+
+impl<'a, R: Runtime> GemmOperands<'a, R> {
+    /// The operands of the output block from row `row` and column `col` on.
+    pub(crate) fn block(&self, row: usize, col: usize) -> Result<Self, KernelError> {
+        Ok(GemmOperands {
+            lhs: self.lhs.rows_from("lhs", row)?,
+            rhs: self.rhs.cols_from("rhs", col)?,
+            bias: match &self.bias {
+                Some(b) => Some(b.elements_from("bias", col)?),
+                None => None,
+            },
+            out: self.out.rows_from("out", row)?.cols_from("out", col)?,
+        })
+    }
 }

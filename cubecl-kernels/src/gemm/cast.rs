@@ -4,7 +4,7 @@ use crate::consts::COL_SUM_BLOCK;
 use crate::error::KernelError;
 use crate::gemm::args::Mat;
 use crate::gemm::view::StridedView;
-use crate::util::{check_grid, raw_arg, to_u32};
+use crate::util::{check_grid, launch_chunks, raw_arg, to_u32};
 use cubecl::prelude::*;
 
 /// `out[i,j] = O(x[i,j])` for a 2-D view; grid x covers column blocks, grid y strides over rows.
@@ -32,7 +32,8 @@ pub(crate) fn cast_2d_kernel<X: Float, O: Float>(
     }
 }
 
-/// Launch the 2-D cast kernel on explicit layouts.
+/// Launch the 2-D cast kernel on explicit layouts, in as many column blocks as the runtime's
+/// cube count needs.
 pub(crate) fn launch_cast_2d<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Mat<'_, R>,
@@ -40,9 +41,24 @@ pub(crate) fn launch_cast_2d<R: Runtime>(
     m: usize,
     n: usize,
 ) -> Result<(), KernelError> {
-    if m == 0 || n == 0 {
+    if m == 0 {
         return Ok(());
     }
+    for (col, cols) in launch_chunks(client, 0, n, COL_SUM_BLOCK) {
+        let (x, out) = (x.cols_from("x", col)?, out.cols_from("out", col)?);
+        launch_cast_2d_grid(client, &x, &out, m, cols)?;
+    }
+    Ok(())
+}
+
+/// One launch of the 2-D cast kernel.
+fn launch_cast_2d_grid<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Mat<'_, R>,
+    out: &Mat<'_, R>,
+    m: usize,
+    n: usize,
+) -> Result<(), KernelError> {
     let max_y = client.properties().hardware.max_cube_count.1 as usize;
     let (gx, gy) = check_grid(client, "out", n.div_ceil(COL_SUM_BLOCK), m.min(max_y))?;
     unsafe {

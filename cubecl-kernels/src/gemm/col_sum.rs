@@ -4,7 +4,7 @@ use crate::consts::COL_SUM_BLOCK;
 use crate::error::KernelError;
 use crate::gemm::args::{Mat, Vec1};
 use crate::gemm::view::StridedView;
-use crate::util::{check_grid, raw_arg, to_u32};
+use crate::util::{check_grid, launch_chunks, raw_arg, to_u32};
 use cubecl::prelude::*;
 
 /// `out[j] (+)= Σ_{i ascending} f32(x[i,j])`, one unit per column, f32 accumulator, one final
@@ -40,7 +40,8 @@ pub(crate) fn col_sum_kernel<X: Float, O: Float>(
     }
 }
 
-/// Launch the column-sum kernel on explicit layouts.
+/// Launch the column-sum kernel on explicit layouts, in as many column blocks as the runtime's
+/// cube count needs.
 pub(crate) fn launch_col_sum<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Mat<'_, R>,
@@ -50,9 +51,23 @@ pub(crate) fn launch_col_sum<R: Runtime>(
     n: usize,
     accumulate: bool,
 ) -> Result<(), KernelError> {
-    if n == 0 {
-        return Ok(());
+    for (col, cols) in launch_chunks(client, 0, n, COL_SUM_BLOCK) {
+        let (x, out) = (x.cols_from("x", col)?, out.elements_from("out", col)?);
+        launch_col_sum_grid(client, &x, &out, out_dtype, m, cols, accumulate)?;
     }
+    Ok(())
+}
+
+/// One launch of the column-sum kernel.
+fn launch_col_sum_grid<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Mat<'_, R>,
+    out: &Vec1<'_, R>,
+    out_dtype: StorageType,
+    m: usize,
+    n: usize,
+    accumulate: bool,
+) -> Result<(), KernelError> {
     let (gx, _) = check_grid(client, "out", n.div_ceil(COL_SUM_BLOCK), 1)?;
     unsafe {
         col_sum_kernel::launch_unchecked::<R>(

@@ -9,7 +9,7 @@ use crate::consts::{FMA_BK, FMA_BM, FMA_BN, FMA_MICRO, FMA_THREADS};
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, gemm_scalars};
 use crate::gemm::view::StridedView;
-use crate::util::{check_grid, raw_arg};
+use crate::util::{check_grid, launch_chunks, raw_arg};
 use cubecl::prelude::*;
 
 /// No terms skipped.
@@ -424,8 +424,26 @@ pub fn fma_emulated_on_device<R: Runtime>(
     Ok(f32::from_bytes(&bytes).to_vec())
 }
 
-/// Launch the FMA kernel on explicit layouts (shapes already validated by the caller).
+/// Launch the FMA kernel on explicit layouts (shapes already validated by the caller), in as
+/// many output blocks as the runtime's cube count needs.
 pub(crate) fn launch_fma<R: Runtime>(
+    client: &ComputeClient<R>,
+    ops: &GemmOperands<'_, R>,
+    [m, k, n]: [usize; 3],
+    accumulate: bool,
+    skip_zero: u32,
+) -> Result<(), KernelError> {
+    for (row, rows) in launch_chunks(client, 0, m, FMA_BM) {
+        for (col, cols) in launch_chunks(client, 1, n, FMA_BN) {
+            let block = ops.block(row, col)?;
+            launch_fma_grid(client, &block, [rows, k, cols], accumulate, skip_zero)?;
+        }
+    }
+    Ok(())
+}
+
+/// One launch of the FMA kernel.
+fn launch_fma_grid<R: Runtime>(
     client: &ComputeClient<R>,
     ops: &GemmOperands<'_, R>,
     [m, k, n]: [usize; 3],

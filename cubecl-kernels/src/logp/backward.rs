@@ -9,7 +9,7 @@ use super::inputs::{
 };
 use super::logits::{dz_value, logits_block, row_gradients};
 use super::tc_backward::{Accumulators, tc_backward};
-use super::workspace::{TcScratch, accumulators_end, dw_chunk_rows};
+use super::workspace::{HalfLayout, dw_chunk_rows};
 use crate::consts::{
     BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, FMA_MICRO, FMA_THREADS, LOGP_ROWS, LOGP_VOCAB_TILE,
 };
@@ -65,7 +65,7 @@ pub fn linear_logp_backward<R: Runtime>(
             dw: &b.dw,
             db: b.db.as_ref(),
         };
-        let scratch = TcScratch::new(b.accumulators_end(), b.c.n, b.c.d, b.c.v);
+        let scratch = b.half_layout().tc;
         tc_backward(
             client,
             inputs,
@@ -199,7 +199,7 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
         let f32t = FloatDType::F32.storage();
         let rows_c = c.n.min(BWD_ROW_CHUNK);
         let cols_c = c.v.min(BWD_VOCAB_CHUNK);
-        let scratch = rows_c * cols_c;
+        let layout = HalfLayout::new(c.n, c.d, c.v, grads.d_bias.is_some());
         let is_f32 = c.dt == FloatDType::F32;
         let acc = |out: &'a TensorBinding<R>, view: &View, offset: usize, rows_stride: usize| {
             if is_f32 {
@@ -214,9 +214,9 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
                 }
             }
         };
-        let dh = acc(grads.d_hidden, &v.d_hidden, scratch, c.d);
+        let dh = acc(grads.d_hidden, &v.d_hidden, layout.d_hidden, c.d);
         // f16 / bf16: one vocabulary chunk of dWeight at a time (rounded when the chunk is done).
-        let dw = acc(grads.d_weight, &v.d_weight, scratch + c.n * c.d, c.d);
+        let dw = acc(grads.d_weight, &v.d_weight, layout.d_weight, c.d);
         let db = match (grads.d_bias, &v.d_bias) {
             (Some(out), Some(view)) if is_f32 => Some(Vec1 {
                 buf: out,
@@ -225,7 +225,7 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
             }),
             (Some(_), Some(_)) => Some(Vec1 {
                 buf: workspace,
-                offset: (scratch + c.n * c.d + dw_chunk_rows(c.v) * c.d) as u32,
+                offset: layout.d_bias as u32,
                 stride: 1,
             }),
             _ => None,
@@ -254,11 +254,10 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
         }
     }
 
-    /// Where the f32 accumulators end in the workspace (f16 / bf16; the tensor-core scratch
-    /// follows).
-    fn accumulators_end(&self) -> usize {
+    /// The workspace layout of f16 / bf16.
+    fn half_layout(&self) -> HalfLayout {
         let c = &self.c;
-        accumulators_end(c.n, c.d, c.v, self.db.is_some())
+        HalfLayout::new(c.n, c.d, c.v, self.db.is_some())
     }
 
     /// Where `dWeight[cs..]` accumulates: the output itself (f32) or the chunk accumulator.

@@ -1,10 +1,11 @@
 //! What both directions take: the input bindings, their checks, and the workspace sizes.
 
 pub use super::workspace::linear_logp_num_segments;
-use super::workspace::{
-    TcScratch, accumulators_end, is_half, partials_len, tc_forward_scratch_len,
+use super::workspace::{HalfLayout, is_half, partials_len, tc_forward_scratch_len};
+use crate::consts::{
+    BWD_ROW_CHUNK, BWD_VOCAB_CHUNK, LOGP_PARTIAL_STRIDE, LOGP_ROWS, MAX_INDEX, TC_FWD_ROWS,
+    TC_FWD_VOCAB,
 };
-use crate::consts::{BWD_ROW_CHUNK, BWD_VOCAB_CHUNK};
 use crate::error::KernelError;
 use crate::gemm::view::StridedViewLaunch;
 use crate::util::{
@@ -84,8 +85,66 @@ pub fn linear_logp_backward_workspace_len(
     if dt == FloatDType::F32 {
         return Ok(scratch);
     }
-    let end = accumulators_end(n, d, v, has_bias);
-    Ok(end + TcScratch::new(end, n, d, v).len)
+    Ok(HalfLayout::new(n, d, v, has_bias).len)
+}
+
+/// Rows one [`crate::linear_logp_forward`] call takes at most on this client for `v`: its grids
+/// within the runtime's cube count along x and its workspace within 32-bit indexing, whatever N
+/// is. Larger N runs as calls of at most this many rows: rows are independent, so the split never
+/// changes a bit. A multiple of the row tile, at least one tile.
+pub fn linear_logp_forward_max_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    v: usize,
+    dtype: StorageType,
+) -> usize {
+    let max_x = client.properties().hardware.max_cube_count.0 as usize;
+    // The partials kernel takes LOGP_ROWS rows per cube, the merge more.
+    let grid = max_x.max(1).saturating_mul(LOGP_ROWS);
+    let scratch = if is_half(dtype) {
+        TC_FWD_ROWS * TC_FWD_VOCAB
+    } else {
+        0
+    };
+    let per_row = linear_logp_num_segments(v).max(1) * LOGP_PARTIAL_STRIDE;
+    let space = (MAX_INDEX as usize - scratch) / per_row;
+    (grid.min(space) / LOGP_ROWS * LOGP_ROWS).max(LOGP_ROWS)
+}
+
+/// Whether [`crate::linear_logp_backward`] runs N, D, V for `dtype` on this client: its f32
+/// workspace within 32-bit indexing and the tensor-core path's element-wise grids within the
+/// runtime's cube count. The error names `hidden`, whose size the limit is about.
+pub fn linear_logp_backward_limits<R: Runtime>(
+    client: &ComputeClient<R>,
+    [n, d, v]: [usize; 3],
+    dtype: StorageType,
+    has_bias: bool,
+) -> Result<(), KernelError> {
+    let len = linear_logp_backward_workspace_len(n, d, v, dtype, has_bias)?;
+    to_u32(
+        "hidden",
+        "f32 elements of the backward's workspace (N·D + one chunk of dWeight + …)",
+        len,
+    )?;
+    if linear_logp_tensor_cores(client, dtype) || (is_half(dtype) && super::chunked_fma_forced()) {
+        // The tensor-core scratch's buffers are addressed in half elements.
+        let tc = HalfLayout::new(n, d, v, has_bias).tc;
+        to_u32(
+            "hidden",
+            "half elements up to the end of the tensor-core scratch",
+            2 * (tc.z + tc.len),
+        )?;
+        let cubes = d.div_ceil(super::tc_backward::EW_COLUMNS_PER_CUBE);
+        let max_x = client.properties().hardware.max_cube_count.0 as u64;
+        if cubes as u64 > max_x {
+            return Err(KernelError::GridTooLarge {
+                arg: "hidden",
+                what: "cubes over D in the backward's element-wise kernels",
+                value: cubes as u64,
+                limit: max_x,
+            });
+        }
+    }
+    Ok(())
 }
 
 pub(crate) struct Checked {

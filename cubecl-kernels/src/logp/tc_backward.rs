@@ -23,6 +23,8 @@ use cubecl::prelude::*;
 /// Units per cube of the element-wise kernels, and columns each unit takes.
 const EW_UNITS: usize = 256;
 const EW_PER_UNIT: usize = 4;
+/// Columns one cube of the element-wise kernels covers (their grid over D or a chunk's width).
+pub(crate) const EW_COLUMNS_PER_CUBE: usize = EW_UNITS * EW_PER_UNIT;
 
 /// The f32 accumulators the backward adds into (the workspace's, f16 / bf16 gradients).
 pub(crate) struct Accumulators<'a, R: Runtime> {
@@ -122,7 +124,7 @@ fn launch_mask_hidden<R: Runtime>(
     workspace: &TensorBinding<R>,
     scratch: TcScratch,
 ) -> Result<(), KernelError> {
-    let (gx, gy) = check_grid(client, "hidden", c.d.div_ceil(EW_UNITS * EW_PER_UNIT), rh)?;
+    let (gx, gy) = check_grid(client, "hidden", c.d.div_ceil(EW_COLUMNS_PER_CUBE), rh)?;
     let gv = g.grad.1;
     unsafe {
         logp_mask_hidden_kernel::launch_unchecked::<R>(
@@ -162,7 +164,7 @@ fn launch_dz<R: Runtime>(
     scratch: TcScratch,
     ld: usize,
 ) -> Result<(), KernelError> {
-    let (gx, gy) = check_grid(client, "hidden", ch.div_ceil(EW_UNITS * EW_PER_UNIT), rh)?;
+    let (gx, gy) = check_grid(client, "hidden", ch.div_ceil(EW_COLUMNS_PER_CUBE), rh)?;
     let (sv, gv) = (g.stats.1, g.grad.1);
     unsafe {
         logp_dz_from_logits_kernel::launch_unchecked::<R>(

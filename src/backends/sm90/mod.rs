@@ -72,7 +72,10 @@ pub(crate) fn candidate<R: CubeRuntime>(device: &R::Device, dtype: DType) -> Can
         );
     };
     match (compute_capability(device), dtype) {
-        (Some(90), DType::BF16 | DType::F16) => Candidate::available(Implementation::Sm90),
+        (Some(90), DType::BF16 | DType::F16) => match nvrtc::toolchain() {
+            Ok(()) => Candidate::available(Implementation::Sm90),
+            Err(reason) => Candidate::unavailable(Implementation::Sm90, reason),
+        },
         (Some(90), other) => Candidate::unavailable(
             Implementation::Sm90,
             format!("the Sm90 kernels take BF16 or F16, got {other:?} (it runs on CubeCl)"),

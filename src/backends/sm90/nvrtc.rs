@@ -119,6 +119,61 @@ impl CubeTask<CudaCompiler> for RawKernel {
     }
 }
 
+/// Whether NVRTC compiles the kernels here: `libnvrtc` loads, the CUDA headers cubecl uses are
+/// found, and `common.cuh` compiles for `sm_90a`. Checked once per process, synchronously, when
+/// the registry first considers `Sm90`: a missing piece makes it unavailable with this reason
+/// (the default then runs CubeCl; a forced `sm90` is an error) instead of failing at a launch,
+/// whose error cubecl would only report at a later read.
+pub(crate) fn toolchain() -> Result<(), String> {
+    static CHECKED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            // cudarc loads libnvrtc at the first call and panics where it is missing.
+            std::panic::catch_unwind(compile_common).unwrap_or_else(|_| {
+                Err("libnvrtc could not be loaded (is the CUDA toolkit's NVRTC installed?)".into())
+            })
+        })
+        .clone()
+}
+
+/// `common.cuh` and an empty entry through NVRTC with cubecl's options for `sm_90a`.
+fn compile_common() -> Result<(), String> {
+    use cudarc::nvrtc::result as nvrtc;
+    let Some(cuda) = cubecl::cuda::install::cuda_path() else {
+        return Err("no CUDA installation found for NVRTC's headers (set CUDA_PATH)".into());
+    };
+    let include = cuda.join("include");
+    let source =
+        format!("#define IB_SELECT\n{COMMON}\nextern \"C\" __global__ void ib_probe() {{}}\n");
+    let source = std::ffi::CString::new(source).map_err(|e| e.to_string())?;
+    let options = [
+        "--gpu-architecture=sm_90a".to_string(),
+        format!("--include-path={}", include.display()),
+    ];
+    // SAFETY: NVRTC FFI on a program created here, destroyed before returning.
+    unsafe {
+        let program = nvrtc::create_program(source.as_c_str(), None)
+            .map_err(|e| format!("nvrtcCreateProgram: {e:?}"))?;
+        let compiled = nvrtc::compile_program(program, &options);
+        let log = nvrtc::get_program_log(program)
+            .map(|raw| {
+                String::from_utf8_lossy(&raw.iter().map(|&c| c as u8).collect::<Vec<_>>())
+                    .trim_end_matches('\0')
+                    .trim()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let _ = nvrtc::destroy_program(program);
+        compiled.map_err(|e| {
+            format!(
+                "NVRTC cannot compile the Sm90 kernels' header for sm_90a with the headers in {} \
+                 ({e:?}): {log}",
+                include.display()
+            )
+        })
+    }
+}
+
 /// Launches `kernel` on `grid` blocks. Kernel parameters in cubecl's order: the maps, their
 /// buffers, `buffers`, then `params` by value (a `params.rs` mirror of the kernel's struct).
 pub(crate) fn launch<P: Pod>(

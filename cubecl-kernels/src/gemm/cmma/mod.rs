@@ -37,7 +37,7 @@ use crate::consts::{CMMA_FRAG, CMMA_TILE, CMMA_VECTOR, CmmaTile};
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, Mat, gemm_scalars};
 use crate::gemm::view::StridedView;
-use crate::util::{check_grid, raw_arg};
+use crate::util::{check_grid, launch_chunks, raw_arg};
 use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::*;
@@ -179,7 +179,26 @@ fn cmma_vector<R: Runtime>(
 
 /// Launch the cmma kernel on explicit layouts (shapes already validated by the caller; f16/bf16
 /// operands, output of the operands' dtype or f32). With `accumulate`, `out += lhs · rhs` in f32.
+/// Output blocks of whole fragments, as many as the runtime's cube count needs (every tiling
+/// runs the same MMA steps per output element, so the split never changes a bit).
 pub(crate) fn launch_cmma<R: Runtime>(
+    client: &ComputeClient<R>,
+    ops: &GemmOperands<'_, R>,
+    [m, k, n]: [usize; 3],
+    choice: &CmmaChoice,
+    accumulate: bool,
+) -> Result<(), KernelError> {
+    for (row, rows) in launch_chunks(client, 0, m, CMMA_FRAG) {
+        for (col, cols) in launch_chunks(client, 1, n, CMMA_FRAG) {
+            let block = ops.block(row, col)?;
+            launch_cmma_grid(client, &block, [rows, k, cols], choice, accumulate)?;
+        }
+    }
+    Ok(())
+}
+
+/// One launch of the cmma kernel.
+fn launch_cmma_grid<R: Runtime>(
     client: &ComputeClient<R>,
     ops: &GemmOperands<'_, R>,
     [m, k, n]: [usize; 3],
