@@ -6,7 +6,8 @@
 // cubecl's pool memory); its address comes in the parameters.
 // flags[0]: the compute stream's progress (ib_signal writes the exchange's sequence number);
 // flags[1]: the NCCL stream's progress (cuStreamWriteValue32 after the collective);
-// flags[2]: the sequence number of the last exchange whose wait timed out (0: none).
+// flags[2]: the sequence number of the last exchange whose wait timed out (0: none);
+// flags[3]: the sequence number of the last exchange whose wait resolved either way (the host's settle polls it).
 // Sequence numbers compare modulo 2^32, as cuStreamWaitValue32's GEQ does.
 
 typedef unsigned int u32;
@@ -51,7 +52,9 @@ extern "C" __global__ void __launch_bounds__(32) ib_wait(const __grid_constant__
     }
     __nanosleep(500);
   }
-  __threadfence();
+  // flags[2] is visible to whoever sees flags[3].
+  __threadfence_system();
+  atomicExch(&p.flags[3], p.seq);
 }
 
 // out = recv, or NaN everywhere when this exchange's wait timed out (a late NCCL write can then only reach

@@ -297,7 +297,9 @@ pub trait CollectiveLogp: core::fmt::Debug + Clone + Send + Sync + 'static {
 ///   length; results are the blocks of ranks `0..world` concatenated, **bit for bit**;
 /// - a failure (a rank missing past a timeout, blocks of different lengths) makes the call
 ///   return the same [`InvariantError::Collective`] on every rank in bounded time; the group
-///   may be unusable afterwards.
+///   may be unusable afterwards. An implementation whose tensor exchange only enqueues work
+///   reports that exchange's failure from [`Collective::settle`], which the tensor-parallel
+///   calls run before they return.
 ///
 /// Implementations: `tp::InProcessGroup` (threads of one process, any backend; for tests and
 /// single-host use) and, with the `cuda` feature, `tp::NcclGroup` (one NCCL communicator per
@@ -319,4 +321,26 @@ pub trait Collective<B: Backend>: core::fmt::Debug + Send + Sync {
     /// All-gather of an f32 device block `[len]`: returns `[world_size() · len]`, the blocks in
     /// rank order, on `block`'s device.
     fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, InvariantError>;
+
+    /// Returns once every exchange this rank enqueued so far has completed or failed, bounded
+    /// by the group's timeout: the error of a failed one. The default suits groups whose
+    /// exchanges complete before they return.
+    fn settle(&self) -> Result<(), InvariantError> {
+        Ok(())
+    }
+
+    /// Breaks the group with `error`, for a rank that failed where it cannot return the
+    /// error (a backward step): every later call on every rank should return it, and ranks
+    /// waiting in an exchange should return it without waiting for the timeout where the
+    /// group can reach them. The default does nothing: the peers then fail by their timeout.
+    fn fail(&self, error: InvariantError) {
+        let _ = error;
+    }
+
+    /// The device this rank's tensors must be on, when the group is bound to one: the
+    /// tensor-parallel validation fails every rank when a rank's tensors are elsewhere (a
+    /// rank whose exchange cannot start would otherwise leave its peers waiting).
+    fn device(&self) -> Option<B::Device> {
+        None
+    }
 }

@@ -271,6 +271,24 @@ fn nccl_tp_matches_the_single_rank_api() {
     }
 }
 
+/// World 1: after a call, `settle` has nothing left to wait for, and the group reports its
+/// GPU (the validation compares each rank's tensors with it).
+#[test]
+#[serial]
+fn a_settled_group_reports_its_device() {
+    use burn_invariant::tp::Collective;
+    if !have_gpus(1) {
+        return;
+    }
+    let device = CudaDevice::new(0);
+    let groups = NcclGroup::for_devices(std::slice::from_ref(&device)).expect("ncclCommInitAll");
+    let p = problem([8, 16, 512], DType::F32, false, None, 71);
+    let out = rank_run::<AD, _>(&p, &device, VocabShard::split(0, 1, p.v), &groups[0]);
+    assert!(out.logp.iter().all(|v| v.is_finite()), "{:?}", out.logp);
+    Collective::<AD>::settle(&groups[0]).expect("nothing in flight");
+    assert_eq!(Collective::<AD>::device(&groups[0]), Some(device));
+}
+
 /// A validation failure on one rank is the same typed error on every rank, and the groups stay
 /// usable (validation happens before any compute): a local error on rank 1 (its weight does not
 /// match its shard), then targets that differ between ranks.

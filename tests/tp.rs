@@ -4,10 +4,11 @@
 #[allow(unused_macros)] // the generic suite macro is not used here
 mod common;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burn::tensor::DType;
+use burn::tensor::{DType, Tensor, backend::Backend};
 use burn_invariant::tp::{self, InProcessGroup, VocabShard, segment_bounds};
 use burn_invariant::{InvariantError, LinearLogpOptions};
 use common::ranks::{self, bits_of};
@@ -660,6 +661,276 @@ fn a_rank_that_never_arrives_fails_the_others_in_bounded_time() {
     assert_eq!(late, errors[0]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Faults during the exchanges: the call (or, in the backward, the next call) fails on every
+// rank, never a panic or a hang.
+
+/// What [`Faulty`] does to this rank's `at`-th tensor exchange (0: the forward's, 1: the
+/// backward's) and after.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Nothing: the wrapped group as it is.
+    Healthy,
+    /// Fails at once, without taking part.
+    Refuse { at: usize },
+    /// Takes part after `delay` (past the peers' timeout).
+    Late { at: usize, delay: Duration },
+    /// Takes part, but the block comes back NaN and the failure surfaces from `settle`, as
+    /// with an exchange that was only enqueued (NCCL's device-side timeout).
+    Deferred { at: usize },
+}
+
+/// An in-process group with a fault on this rank, and the device it reports.
+#[derive(Debug, Clone)]
+struct Faulty<D> {
+    inner: InProcessGroup,
+    fault: Fault,
+    device: Option<D>,
+    exchanges: Arc<AtomicUsize>,
+    pending: Arc<Mutex<Option<InvariantError>>>,
+}
+
+impl<D> Faulty<D> {
+    fn new(inner: InProcessGroup, fault: Fault, device: Option<D>) -> Self {
+        Self {
+            inner,
+            fault,
+            device,
+            exchanges: Arc::default(),
+            pending: Arc::default(),
+        }
+    }
+}
+
+fn injected(what: &str) -> InvariantError {
+    InvariantError::Collective {
+        reason: format!("injected: {what}"),
+    }
+}
+
+impl<X: Backend> tp::Collective<X> for Faulty<X::Device> {
+    fn rank(&self) -> usize {
+        tp::Collective::<X>::rank(&self.inner)
+    }
+
+    fn world_size(&self) -> usize {
+        tp::Collective::<X>::world_size(&self.inner)
+    }
+
+    fn all_gather_host(&self, block: &[u64]) -> Result<Vec<u64>, InvariantError> {
+        tp::Collective::<X>::all_gather_host(&self.inner, block)
+    }
+
+    fn all_gather(&self, block: Tensor<X, 1>) -> Result<Tensor<X, 1>, InvariantError> {
+        let index = self.exchanges.fetch_add(1, Ordering::SeqCst);
+        match self.fault {
+            Fault::Refuse { at } if index == at => Err(injected("refused exchange")),
+            Fault::Late { at, delay } if index == at => {
+                std::thread::sleep(delay);
+                self.inner.all_gather(block)
+            }
+            Fault::Deferred { at } if index >= at => {
+                let gathered = self.inner.all_gather(block)?;
+                *self.pending.lock().unwrap() = Some(injected("deferred exchange failure"));
+                Ok(gathered.full_like(f32::NAN))
+            }
+            _ => self.inner.all_gather(block),
+        }
+    }
+
+    fn settle(&self) -> Result<(), InvariantError> {
+        match self.pending.lock().unwrap().take() {
+            Some(error) => {
+                tp::Collective::<X>::fail(&self.inner, error.clone());
+                Err(error)
+            }
+            None => tp::Collective::<X>::settle(&self.inner),
+        }
+    }
+
+    fn fail(&self, error: InvariantError) {
+        tp::Collective::<X>::fail(&self.inner, error)
+    }
+
+    fn device(&self) -> Option<X::Device> {
+        self.device.clone()
+    }
+}
+
+/// One rank's `tp::linear_logp_with_lse` forward (and backward) on Autodiff<NdArray>: the
+/// call's result, then the gradients when the forward succeeded.
+fn faulty_step<G: tp::Collective<AD> + Clone + 'static>(
+    p: &Problem,
+    shard: VocabShard,
+    group: &G,
+) -> Result<RankOut, InvariantError> {
+    let device = Default::default();
+    let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32).require_grad();
+    let rows = shard.range();
+    let weight = float::<AD, 2>(
+        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
+        [shard.len(), p.d],
+        &device,
+        DType::F32,
+    )
+    .require_grad();
+    let bias = (p.bias.as_ref())
+        .map(|b| float::<AD, 1>(b[rows].to_vec(), [shard.len()], &device, DType::F32))
+        .map(Tensor::require_grad);
+    let targets = ints::<AD>(p.targets.clone(), &device);
+    let (logp, lse) = tp::linear_logp_with_lse(
+        hidden.clone(),
+        weight.clone(),
+        targets,
+        bias.clone(),
+        &shard,
+        group,
+        &p.options,
+    )?;
+    let grads = (logp.clone() + lse.clone()).sum().backward();
+    Ok(RankOut {
+        logp: host(logp.inner()),
+        lse: host(lse.inner()),
+        entropy: None,
+        hidden: host(hidden.grad(&grads).expect("hidden grad")),
+        weight: host(weight.grad(&grads).expect("weight grad")),
+        bias: bias.map(|b| host(b.grad(&grads).expect("bias grad"))),
+    })
+}
+
+/// Runs [`faulty_step`] twice on every rank of a world of `faults.len()` (rank r with
+/// `faults[r]`): both results per rank, and the time it all took.
+fn two_steps(
+    p: &Problem,
+    faults: &[Fault],
+    timeout: Duration,
+) -> (Vec<[Result<RankOut, InvariantError>; 2]>, Duration) {
+    let (p, world) = (Arc::new(p.clone()), faults.len());
+    let groups = InProcessGroup::with_timeout(world, timeout)
+        .into_iter()
+        .zip(faults)
+        .map(|(g, &fault)| Faulty::new(g, fault, None))
+        .collect();
+    let start = Instant::now();
+    let out = ranks::on_ranks(groups, WATCHDOG, move |rank, group| {
+        let shard = VocabShard::split(rank, world, p.v);
+        [
+            faulty_step(&p, shard, &group),
+            faulty_step(&p, shard, &group),
+        ]
+    });
+    (out, start.elapsed())
+}
+
+fn all_nan(values: &[f32]) -> bool {
+    !values.is_empty() && values.iter().all(|v| v.is_nan())
+}
+
+#[test]
+fn a_collective_failure_in_the_backward_gives_nan_gradients_then_an_error_on_every_rank() {
+    let p = problem([5, 8, 96], DType::F32, true, None, 31);
+    let refuse = Fault::Refuse { at: 1 };
+    // The group's timeout is long: the failing rank wakes its waiting peers at once.
+    let (out, took) = two_steps(
+        &p,
+        &[Fault::Healthy, refuse, Fault::Healthy],
+        Duration::from_secs(60),
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let expected = injected("refused exchange");
+    for (rank, [first, second]) in out.into_iter().enumerate() {
+        let first = first.unwrap_or_else(|e| panic!("rank {rank}: the forward failed: {e}"));
+        assert!(first.logp.iter().all(|v| v.is_finite()), "rank {rank}");
+        assert!(
+            all_nan(&first.hidden),
+            "rank {rank}: dHidden {:?}",
+            first.hidden
+        );
+        assert!(all_nan(&first.weight), "rank {rank}: dWeight");
+        assert!(
+            all_nan(first.bias.as_deref().unwrap()),
+            "rank {rank}: dBias"
+        );
+        assert_eq!(first.hidden.len(), p.n * p.d);
+        assert_eq!(
+            first.bias.map(|b| b.len()),
+            Some(VocabShard::split(rank, 3, p.v).len())
+        );
+        assert_eq!(second.unwrap_err(), expected, "rank {rank}'s next call");
+    }
+}
+
+#[test]
+fn a_deferred_exchange_failure_fails_its_own_call_on_every_rank() {
+    let p = problem([4, 8, 64], DType::F32, false, None, 32);
+    // The forward's exchange: the call itself fails (NaN never reaches the caller).
+    let (out, _) = two_steps(&p, &[Fault::Deferred { at: 0 }; 2], Duration::from_secs(30));
+    for (rank, [first, second]) in out.into_iter().enumerate() {
+        let expected = injected("deferred exchange failure");
+        assert_eq!(first.map(|_| ()).unwrap_err(), expected, "rank {rank}");
+        assert_eq!(second.map(|_| ()).unwrap_err(), expected, "rank {rank}");
+    }
+    // The backward's: NaN gradients, and the next call fails.
+    let (out, _) = two_steps(&p, &[Fault::Deferred { at: 1 }; 2], Duration::from_secs(30));
+    for (rank, [first, second]) in out.into_iter().enumerate() {
+        let first = first.unwrap_or_else(|e| panic!("rank {rank}: the forward failed: {e}"));
+        assert!(
+            all_nan(&first.hidden) && all_nan(&first.weight),
+            "rank {rank}"
+        );
+        let expected = injected("deferred exchange failure");
+        assert_eq!(second.map(|_| ()).unwrap_err(), expected, "rank {rank}");
+    }
+}
+
+#[test]
+fn a_tensor_exchange_timeout_fails_that_call_on_every_rank() {
+    let p = problem([4, 8, 64], DType::F32, false, None, 33);
+    let late = Fault::Late {
+        at: 0,
+        delay: Duration::from_millis(1500),
+    };
+    let (out, took) = two_steps(
+        &p,
+        &[Fault::Healthy, Fault::Healthy, late],
+        Duration::from_millis(300),
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let errors: Vec<InvariantError> = out
+        .into_iter()
+        .map(|[first, second]| {
+            let first = first.map(|_| ()).unwrap_err();
+            assert_eq!(second.map(|_| ()).unwrap_err(), first);
+            first
+        })
+        .collect();
+    assert!(
+        matches!(&errors[0], InvariantError::Collective { reason } if reason.contains("[2]")),
+        "{}",
+        errors[0]
+    );
+    assert!(errors.iter().all(|e| e == &errors[0]), "{errors:?}");
+}
+
+#[test]
+fn a_group_reporting_the_tensors_device_passes_validation() {
+    let p = Arc::new(problem([4, 8, 64], DType::F32, true, None, 34));
+    let groups = InProcessGroup::new(2)
+        .into_iter()
+        .map(|g| Faulty::new(g, Fault::Healthy, Some(burn_ndarray::NdArrayDevice::Cpu)))
+        .collect();
+    let q = p.clone();
+    let outs = ranks::on_ranks(groups, WATCHDOG, move |rank, group| {
+        rank_run::<AD, _>(
+            &q,
+            &Default::default(),
+            VocabShard::split(rank, 2, q.v),
+            &group,
+        )
+    });
+    assert_ranks_agree("device reported", &outs);
+}
+
 /// The same algorithm on wgpu (lavapipe in CI), where the per-row steps are the CubeCL kernels
 /// of `burn_invariant_cubecl::tp` (raw `CubeBackend`) or fused Burn ops (`Fusion`).
 #[cfg(feature = "wgpu")]
@@ -962,5 +1233,55 @@ mod wgpu {
                 &bits_of(&want),
             );
         }
+    }
+
+    /// A rank whose tensors are not on its group's device fails validation on every rank,
+    /// at once rather than after the group's timeout.
+    #[test]
+    #[serial]
+    fn tensors_off_the_groups_device_fail_every_rank() {
+        let Some(device) = device() else { return };
+        let p = Arc::new(problem([4, 8, 64], DType::F32, false, None, 35));
+        let groups = InProcessGroup::with_timeout(2, Duration::from_secs(60))
+            .into_iter()
+            .enumerate()
+            .map(|(rank, g)| {
+                // An adapter index no machine has: never allocated on, only compared.
+                let reported = (rank == 1).then_some(WgpuDevice::DiscreteGpu(99));
+                Faulty::new(g, Fault::Healthy, Some(reported.unwrap_or(device.clone())))
+            })
+            .collect();
+        let start = Instant::now();
+        let errors = ranks::on_ranks(groups, WATCHDOG, move |rank, group| {
+            let s = VocabShard::split(rank, 2, p.v);
+            tp::linear_logp::<Raw, _>(
+                float::<Raw, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32),
+                float::<Raw, 2>(
+                    p.weight[s.start * p.d..s.end * p.d].to_vec(),
+                    [s.len(), p.d],
+                    &device,
+                    DType::F32,
+                ),
+                ints::<Raw>(p.targets.clone(), &device),
+                None,
+                &s,
+                &group,
+                &p.options,
+            )
+            .map(|_| ())
+            .unwrap_err()
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "took {:?}",
+            start.elapsed()
+        );
+        assert_eq!(errors[0], errors[1]);
+        assert!(
+            matches!(&errors[0], InvariantError::RankFailed { rank: 1, reason, .. }
+                if reason.contains("DiscreteGpu(99)")),
+            "{}",
+            errors[0]
+        );
     }
 }

@@ -6,7 +6,7 @@
 use core::marker::PhantomData;
 
 use burn::tensor::{
-    DType, Tensor,
+    DType, Shape, Tensor, TensorMetadata,
     ops::{FloatTensor, IntTensor},
 };
 use burn_autodiff::{
@@ -185,10 +185,52 @@ where
         request: GradRequest,
     ) -> LinearLogpGrads<B> {
         let group = Lowered::<G, C>::new(&self.group);
-        // A backward step cannot return an error; the group's timeout bounds the wait.
-        self.engine
-            .backward(inputs, stats, grad, request, &group)
-            .unwrap_or_else(|error| panic!("burn-invariant tp::linear_logp backward: {error}"))
+        let shapes = GradShapes::of(&inputs, request);
+        match self.engine.backward(inputs, stats, grad, request, &group) {
+            Ok(grads) => grads,
+            Err(error) => {
+                // A backward step cannot return an error: the gradients become NaN and the
+                // group carries the error to the next call of every rank.
+                log::error!("burn-invariant tp::linear_logp backward: {error}");
+                self.group.fail(error);
+                shapes.nan()
+            }
+        }
+    }
+}
+
+/// Shape, dtype and device of each requested gradient: the NaN stand-ins of a failed
+/// collective backward.
+struct GradShapes<B: InvariantBackend> {
+    hidden: Option<(Shape, DType)>,
+    weight: Option<(Shape, DType)>,
+    bias: Option<(Shape, DType)>,
+    device: B::Device,
+}
+
+impl<B: InvariantBackend> GradShapes<B> {
+    fn of(inputs: &LinearLogpInputs<B>, request: GradRequest) -> Self {
+        let describe = |t: &FloatTensor<B>| (t.shape(), t.dtype());
+        Self {
+            hidden: request.hidden.then(|| describe(&inputs.hidden)),
+            weight: request.weight.then(|| describe(&inputs.weight)),
+            bias: (inputs.bias.as_ref())
+                .filter(|_| request.bias)
+                .map(describe),
+            device: B::float_device(&inputs.hidden),
+        }
+    }
+
+    fn nan(self) -> LinearLogpGrads<B> {
+        let device = self.device;
+        let nan = |(shape, dtype): (Shape, DType)| {
+            B::float_full(shape, f32::NAN.into(), &device, dtype.into())
+        };
+        LinearLogpGrads {
+            hidden: self.hidden.map(nan),
+            weight: self.weight.map(nan),
+            bias: self.bias.map(nan),
+        }
     }
 }
 
@@ -235,6 +277,18 @@ where
         self.group
             .all_gather(Tensor::from_inner(block))
             .map(Tensor::inner)
+    }
+
+    fn settle(&self) -> Result<(), InvariantError> {
+        self.group.settle()
+    }
+
+    fn fail(&self, error: InvariantError) {
+        self.group.fail(error)
+    }
+
+    fn device(&self) -> Option<B::Device> {
+        self.group.device()
     }
 }
 

@@ -7,7 +7,7 @@ use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
 use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor,
 };
-use cubecl::cuda::CudaRuntime;
+use cubecl::cuda::{CudaDevice, CudaRuntime};
 
 /// A cubecl-cuda tensor.
 pub(crate) type CudaTensor = CubeTensor<CudaRuntime>;
@@ -39,6 +39,8 @@ pub trait CudaBackend: Backend {
     fn into_cuda(tensor: Tensor<Self, 1>) -> CudaTensor;
     /// Back from [`CudaBackend::into_cuda`]'s form.
     fn from_cuda(tensor: CudaTensor) -> Tensor<Self, 1>;
+    /// This backend's name for a CUDA device.
+    fn device_from_cuda(device: &CudaDevice) -> Self::Device;
 }
 
 impl<F: FloatElement, I: IntElement, BT: BoolElement> CudaBackend
@@ -50,6 +52,10 @@ impl<F: FloatElement, I: IntElement, BT: BoolElement> CudaBackend
 
     fn from_cuda(tensor: CudaTensor) -> Tensor<Self, 1> {
         Tensor::from_primitive(TensorPrimitive::Float(tensor))
+    }
+
+    fn device_from_cuda(device: &CudaDevice) -> Self::Device {
+        device.clone()
     }
 }
 
@@ -78,6 +84,10 @@ impl<B: burn_fusion::FusionBackend + CudaBackend> CudaBackend for burn_fusion::F
             .remove(0);
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }
+
+    fn device_from_cuda(device: &CudaDevice) -> Self::Device {
+        B::device_from_cuda(device)
+    }
 }
 
 impl<B: CudaBackend, C: burn_autodiff::checkpoint::strategy::CheckpointStrategy> CudaBackend
@@ -89,5 +99,9 @@ impl<B: CudaBackend, C: burn_autodiff::checkpoint::strategy::CheckpointStrategy>
 
     fn from_cuda(tensor: CudaTensor) -> Tensor<Self, 1> {
         Tensor::from_inner(B::from_cuda(tensor))
+    }
+
+    fn device_from_cuda(device: &CudaDevice) -> Self::Device {
+        B::device_from_cuda(device)
     }
 }

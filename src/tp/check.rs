@@ -93,8 +93,10 @@ pub(crate) struct RankInputs<'a, B: InvariantBackend> {
 }
 
 /// This rank's checks, writing the table row; `Err` is this rank's own failure.
+/// `group_device` is where the group exchanges this rank's blocks, when it is bound to one.
 fn local<B: InvariantBackend>(
     inputs: &RankInputs<'_, B>,
+    group_device: Option<B::Device>,
     row: &mut [u64],
 ) -> Result<Implementation, InvariantError> {
     let RankInputs {
@@ -147,6 +149,15 @@ fn local<B: InvariantBackend>(
         ..(*options).clone()
     };
     let implementation = check_linear_logp(hidden, weight, targets, *bias, &local_options)?;
+    // Every tensor is on hidden's device (checked above).
+    if let Some(expected) = group_device.filter(|device| *device != hidden.device()) {
+        return Err(InvariantError::DeviceMismatch {
+            arg: "hidden",
+            reference: "group",
+            expected: format!("{expected:?}"),
+            got: format!("{:?}", hidden.device()),
+        });
+    }
     row[IMPL] = implementation_code(implementation);
     if !options.skip_target_check {
         // The one host read of the targets: the global range check and the hash.
@@ -382,7 +393,7 @@ pub(crate) fn collective<B: InvariantBackend, G: Collective<B>>(
     let mut row = vec![0u64; WORDS];
     row[RANK] = rank as u64;
     row[WORLD] = world as u64;
-    let implementation = match local(inputs, &mut row) {
+    let implementation = match local(inputs, group.device(), &mut row) {
         Ok(implementation) => Some(implementation),
         Err(error) => {
             row[FAILED] = 1;

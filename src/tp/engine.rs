@@ -186,6 +186,10 @@ fn forward<B: InvariantBackend, G: Collective<B>>(
     trace.mark("forward exchange");
     let stats = forward_combine(&ctx, plan, all);
     trace.mark("forward combine");
+    // An enqueued exchange's failure belongs to this call, not the next (the combine is
+    // already enqueued, so only the exchange is waited for).
+    group.settle()?;
+    trace.mark("forward settle");
     Ok(stats)
 }
 
@@ -332,6 +336,8 @@ fn backward<B: InvariantBackend, G: Collective<B>>(
         _ => Some(float_primitive(Tensor::cat(local.biases, 0))),
     };
     trace.mark("backward combine");
+    group.settle()?;
+    trace.mark("backward settle");
     Ok(LinearLogpGrads {
         hidden,
         weight,

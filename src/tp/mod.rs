@@ -49,11 +49,21 @@
 //! ([`InvariantError::RankFailed`] carries a rank's own error as text). `hidden` itself is
 //! assumed equal on every rank (not checked: that would need a host read of `[N, D]`).
 //!
+//! A rank whose tensors are not on its group's device ([`Collective::device`], e.g. an
+//! `NcclGroup` on another GPU) fails validation like any local check, on every rank.
+//!
+//! # Faults
+//! Every wait is bounded by the group's timeout. A failed exchange fails the call that made
+//! it, on every rank: each call ends with [`Collective::settle`], which waits for an
+//! exchange that was only enqueued (NCCL) and returns its error.
+//!
 //! # Autodiff
 //! Works for `B` and `Autodiff<B>`. The backward exchanges `dHidden` through the group, so
 //! every rank must run the backward of the call (validation makes sure that all or none of
-//! the ranks need `dHidden`). A collective failure inside the backward panics with the
-//! error (a backward step cannot return one); the group's timeout bounds the wait.
+//! the ranks need `dHidden`). A collective failure inside the backward cannot be returned:
+//! the requested gradients come back NaN (their shapes, dtypes and device), the error is
+//! logged with `log::error!` and handed to [`Collective::fail`], so every rank's next call on
+//! the group returns it. Never a panic.
 mod check;
 mod collective;
 mod engine;

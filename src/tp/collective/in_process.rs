@@ -18,7 +18,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 ///
 /// Every wait is bounded by the group's timeout: when a rank does not arrive in time, the
 /// waiting ranks return [`InvariantError::Collective`] naming the missing ranks, and the group
-/// is broken for good: every later call on any rank returns that same error at once. Cloning a
+/// is broken for good: every later call on any rank returns that same error at once
+/// ([`Collective::fail`] breaks it the same way). Exchanges complete before they return, so
+/// [`Collective::settle`] has nothing to wait for. Cloning a
 /// handle gives another handle of the same rank (for the autodiff backward); two threads must
 /// not use one rank at the same time.
 #[derive(Clone)]
@@ -245,6 +247,14 @@ impl<B: Backend> Collective<B> for InProcessGroup {
             TensorData::new(values, [len]),
             (&device, DType::F32),
         ))
+    }
+
+    /// Breaks the group (the first error stays) and wakes the ranks waiting in an exchange,
+    /// which return it at once.
+    fn fail(&self, error: InvariantError) {
+        let mut state = self.lock();
+        state.broken.get_or_insert(error);
+        self.shared.arrived.notify_all();
     }
 }
 

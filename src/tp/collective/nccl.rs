@@ -22,11 +22,20 @@
 //! # Failure
 //! A peer that does not arrive within the timeout makes a host exchange abort the
 //! communicator and return [`InvariantError::Collective`]; the group is broken for good after
-//! that (every later call returns the same error). A tensor exchange cannot return an error
-//! (it has finished enqueueing before the peers arrive): when its device-side wait times out,
-//! `ib_copy` fills the result with NaN, never stale data, and the next call of any kind on the
-//! group returns the error. `ncclCommInitRank` is run on a watchdog thread, so a rank that
-//! never joins fails [`NcclGroup::new`] in bounded time too.
+//! that (every later call returns the same error). [`Collective::all_gather`] itself cannot
+//! return a peer's failure (it has finished enqueueing before the peers arrive): when the
+//! device-side wait times out, `ib_copy` fills the result with NaN, never stale data, and
+//! `ib_wait` records the timeout. [`Collective::settle`], which every `tp` call runs before it
+//! returns, reports it: it polls the flag words from the host (16 bytes, pauses growing from
+//! 10 µs to 1 ms, bounded by the timeout) until the last exchange's device-side wait has
+//! resolved, and returns its error, so the failed call itself fails, on every rank.
+//!
+//! The cost: a `tp` call returns only once this rank's compute up to its last exchange and
+//! the exchange itself are done (the host waits for that, and for up to one pause more). Work
+//! enqueued after the exchange (the combine) still runs asynchronously, and no device
+//! synchronisation happens. [`Collective::fail`] breaks the group from outside (a failed
+//! backward); `ncclCommInitRank` is run on a watchdog thread, so a rank that never joins
+//! fails [`NcclGroup::new`] in bounded time too.
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
@@ -179,7 +188,7 @@ impl Drop for Shared {
 
 /// Flag words and the receive buffer of the stream-ordered exchange (`kernels/stream_sync.cu`).
 struct Ordered {
-    /// `[compute progress, NCCL progress, timed-out sequence number, unused]`, u32 each, in
+    /// `[compute progress, NCCL progress, timed-out sequence number, resolved wait]`, u32 each, in
     /// `cuMemAlloc` memory (stream memory operations reject cubecl's pool memory). Never
     /// freed: kernels on a cubecl stream may still read it after the group is gone.
     flags_ptr: u64,
@@ -467,12 +476,11 @@ impl NcclGroup {
             sync_params(words),
         );
         match failure {
-            Some(reason) => Err(self.fail(&mut comm, collective(reason))),
+            Some(reason) => Err(self.break_group(&mut comm, collective(reason))),
             None => Ok(()),
         }
     }
 
-    /// Fails (and breaks the group) when a tensor exchange's device-side wait timed out.
     /// The NCCL stream's part of an exchange: wait for the block, all-gather it, publish the
     /// sequence number back.
     fn enqueue_nccl_side(
@@ -517,6 +525,7 @@ impl NcclGroup {
         }
     }
 
+    /// Fails (and breaks the group) when a tensor exchange's device-side wait timed out.
     fn check_device_waits(&self) -> Result<(), InvariantError> {
         let shared = &self.shared;
         let Some(flags_ptr) = Self::lock(&shared.ordered).as_ref().map(|o| o.flags_ptr) else {
@@ -542,7 +551,57 @@ impl NcclGroup {
              {:?}; its result was set to NaN",
             shared.rank, shared.world, shared.timeout
         ));
-        Err(self.fail(&mut Self::lock(&shared.comm), error))
+        Err(self.break_group(&mut Self::lock(&shared.comm), error))
+    }
+
+    /// Waits on the host until the device-side wait of the last enqueued tensor exchange has
+    /// resolved (`flags[3]`, `kernels/stream_sync.cu`), bounded by the timeout, then reports
+    /// whether any timed out. Polls 16 bytes with a growing pause: no device synchronisation,
+    /// so kernels enqueued after the exchange keep running.
+    fn settle_exchanges(&self) -> Result<(), InvariantError> {
+        let shared = &self.shared;
+        if let Some(error) = Self::lock(&shared.broken).clone() {
+            return Err(error);
+        }
+        let Some((flags_ptr, seq)) = Self::lock(&shared.ordered)
+            .as_ref()
+            .map(|o| (o.flags_ptr, o.seq))
+        else {
+            return Ok(());
+        };
+        if seq == 0 {
+            return Ok(());
+        }
+        self.bind_context()?;
+        let deadline = Instant::now() + shared.timeout;
+        let mut pause = Duration::from_micros(10);
+        loop {
+            let mut flags = [0u32; 4];
+            // SAFETY: reads the group's live 16-byte flag buffer into a local.
+            let read =
+                unsafe { driver_sys::cuMemcpyDtoH_v2(flags.as_mut_ptr().cast(), flags_ptr, 16) };
+            if read != driver_sys::CUresult::CUDA_SUCCESS {
+                return Err(collective(format!(
+                    "rank {}: reading the exchange flags: {read:?}",
+                    shared.rank
+                )));
+            }
+            // Modulo 2^32, as the kernels compare.
+            let resolved = flags[3].wrapping_sub(seq) as i32 >= 0 && flags[3] != 0;
+            if resolved || flags[2] != 0 {
+                return self.check_device_waits();
+            }
+            if Instant::now() > deadline {
+                let error = collective(format!(
+                    "rank {} of {}: tensor exchange {seq} was not completed within {:?} (a \
+                     rank is missing or called a different collective)",
+                    shared.rank, shared.world, shared.timeout
+                ));
+                return Err(self.break_group(&mut Self::lock(&shared.comm), error));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
     }
 
     /// The communicator, locked for one call, with the group's context bound on this thread;
@@ -573,7 +632,7 @@ impl NcclGroup {
         mutex.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn fail(&self, comm: &mut Option<RawComm>, error: InvariantError) -> InvariantError {
+    fn break_group(&self, comm: &mut Option<RawComm>, error: InvariantError) -> InvariantError {
         // Aborting frees NCCL's kernels from waiting on peers that will not come.
         comm.take();
         *Self::lock(&self.shared.broken) = Some(error.clone());
@@ -607,11 +666,11 @@ impl NcclGroup {
         };
         if let Err(e) = enqueued {
             let error = collective(format!("rank {}: ncclAllGather: {e:?}", shared.rank));
-            return Err(self.fail(&mut comm, error));
+            return Err(self.break_group(&mut comm, error));
         }
         if let Err(e) = after() {
             let error = collective(format!("rank {}: host copy: {e:?}", shared.rank));
-            return Err(self.fail(&mut comm, error));
+            return Err(self.break_group(&mut comm, error));
         }
         let deadline = Instant::now() + shared.timeout;
         loop {
@@ -624,7 +683,7 @@ impl NcclGroup {
                         "rank {}: the NCCL stream failed: {other:?}",
                         shared.rank
                     ));
-                    return Err(self.fail(&mut comm, error));
+                    return Err(self.break_group(&mut comm, error));
                 }
             }
             let mut async_error = nccl_sys::ncclResult_t::ncclSuccess;
@@ -637,7 +696,7 @@ impl NcclGroup {
                     "rank {}: NCCL reported {async_error:?}",
                     shared.rank
                 ));
-                return Err(self.fail(&mut comm, error));
+                return Err(self.break_group(&mut comm, error));
             }
             if Instant::now() > deadline {
                 let error = collective(format!(
@@ -645,7 +704,7 @@ impl NcclGroup {
                      missing or called a different collective)",
                     shared.rank, shared.world, shared.timeout
                 ));
-                return Err(self.fail(&mut comm, error));
+                return Err(self.break_group(&mut comm, error));
             }
             // Exchanges usually finish within microseconds: yield first (a sleep costs the
             // timer slack, ~50 µs), sleep only once the wait is long.
@@ -717,7 +776,7 @@ impl<B: CudaBackend> Collective<B> for NcclGroup {
             let error = collective(format!(
                 "host blocks of different lengths across ranks: {lengths:?} words"
             ));
-            return Err(self.fail(&mut Self::lock(&shared.comm), error));
+            return Err(self.break_group(&mut Self::lock(&shared.comm), error));
         }
         let rest = if block.len() > head {
             gather(&block[head..])?
@@ -764,5 +823,22 @@ impl<B: CudaBackend> Collective<B> for NcclGroup {
             self.enqueue_all_gather(&client, &tensor, &out, len)?;
         }
         Ok(B::from_cuda(out))
+    }
+
+    fn settle(&self) -> Result<(), InvariantError> {
+        self.settle_exchanges()
+    }
+
+    /// Breaks the group (the first error stays) and aborts the communicator; peers that wait
+    /// in an exchange with this rank fail by their timeout.
+    fn fail(&self, error: InvariantError) {
+        let mut comm = Self::lock(&self.shared.comm);
+        if Self::lock(&self.shared.broken).is_none() {
+            self.break_group(&mut comm, error);
+        }
+    }
+
+    fn device(&self) -> Option<B::Device> {
+        Some(B::device_from_cuda(&self.shared.device))
     }
 }
