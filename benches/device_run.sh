@@ -7,18 +7,25 @@
 # `memory`: device memory around one forward + backward (gpu_report memory).
 # `rl`: the RL head (temperature, entropy) beside the plain call (gpu_report rl), cuBLAS beside;
 # `rlsanitize`: compute-sanitizer on the RL head's tests (Sm90 for f16/bf16, CubeCl for f32).
+# `limits`: sizes past the kernels' launch and addressing limits (.gpu/limits), default and CubeCl,
+# and the tensor-parallel suite on one GPU (.gpu/gpu_tp).
 # `vulkan`: the wgpu suites and the wgpu report through Vulkan/SPIR-V (.gpu/{gpu_vk,gpu_report_vk},
 # built with `--features vulkan,cuda`; the loaders from .gl/, see the device README), cuBLAS f16 beside.
 set -uo pipefail
-(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk; do [[ -e $b ]] && chmod +x "$b"; done)
+(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk limits gpu_tp; do [[ -e $b ]] && chmod +x "$b"; done)
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize
+MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
   BURN_INVARIANT_IMPL=cubecl step tests_cubecl 300 .gpu/gpu cuda --test-threads=1
+fi
+if has limits; then
+  step limits_default 300 .gpu/limits cuda --test-threads=1
+  BURN_INVARIANT_IMPL=cubecl step limits_cubecl 300 .gpu/limits cuda --test-threads=1
+  step gpu_tp_one 200 .gpu/gpu_tp --test-threads=1
 fi
 if has sanitize; then
   step memcheck 150 compute-sanitizer --tool memcheck .gpu/gpu cuda::raw::matmul_correctness_fixed_shapes cuda::raw::linear_logp_gradients_vs_f64 --test-threads=1

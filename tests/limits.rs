@@ -21,7 +21,7 @@ const PAST_THE_GRID: usize = 65_535 * 64 + 65;
 fn rows<B: InvariantBackend>(t: &Tensor<B, 2>, range: std::ops::Range<usize>) -> Tensor<B, 2> {
     let d = t.dims()[1];
     let data = t.clone().slice([range.clone(), 0..d]).into_data();
-    Tensor::from_data(data, &t.device())
+    Tensor::from_data(data, (&t.device(), t.dtype()))
 }
 
 /// `linear` over [`PAST_THE_GRID`] rows: every row has the bits it has in a call of its own
@@ -146,8 +146,8 @@ pub fn device_mismatch<B: InvariantBackend>(device: &B::Device, other: &B::Devic
     );
 }
 
-/// F64 on a GPU backend: no implementation takes it, a typed error naming every candidate's
-/// reason, before any tensor is read.
+/// F64 on a GPU backend: no implementation takes it, a typed error with the reasons, before any
+/// tensor is read (`ImplementationUnavailable` where `BURN_INVARIANT_IMPL` forces one).
 pub fn f64_has_no_implementation<B: InvariantBackend>(device: &B::Device) {
     for op in [Op::Matmul, Op::LinearLogp] {
         let err =
@@ -156,6 +156,9 @@ pub fn f64_has_no_implementation<B: InvariantBackend>(device: &B::Device) {
             matches!(
                 &err,
                 InvariantError::NoImplementation {
+                    dtype: DType::F64,
+                    ..
+                } | InvariantError::ImplementationUnavailable {
                     dtype: DType::F64,
                     ..
                 }
@@ -252,7 +255,11 @@ mod cuda {
         let x = Tensor::<B, 2>::ones([2, 2], (&device, DType::F64));
         let err = burn_invariant::matmul(x.clone(), x).unwrap_err();
         assert!(
-            matches!(err, InvariantError::NoImplementation { .. }),
+            matches!(
+                err,
+                InvariantError::NoImplementation { .. }
+                    | InvariantError::ImplementationUnavailable { .. }
+            ),
             "{err}"
         );
     }
@@ -387,7 +394,7 @@ mod cuda {
             (&device, DType::BF16),
         );
         let view = wide.slice([0..n, d..2 * d]);
-        let dense = Tensor::<B, 2>::from_data(view.clone().into_data(), &device);
+        let dense = Tensor::<B, 2>::from_data(view.clone().into_data(), (&device, DType::BF16));
         let weight = Tensor::<B, 2>::random(
             [512, d],
             burn::tensor::Distribution::Uniform(-0.05, 0.05),

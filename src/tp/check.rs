@@ -388,6 +388,13 @@ pub(crate) fn collective<B: InvariantBackend, G: Collective<B>>(
     group: &G,
 ) -> Result<(Plan, Implementation), InvariantError> {
     let (rank, world) = (group.rank(), group.world_size());
+    if world == 0 || rank >= world {
+        return Err(InvariantError::Collective {
+            reason: format!(
+                "the group reports rank {rank} of world {world}: expected rank < world"
+            ),
+        });
+    }
     let device = inputs.hidden.device();
     let mut trace = super::trace::Trace::<B>::start(&device);
     let mut row = vec![0u64; WORDS];

@@ -74,7 +74,7 @@ use burn::tensor::{Int, Tensor};
 
 #[cfg(feature = "cuda")]
 pub use crate::backends::cuda::CudaBackend;
-pub use collective::{Collective, DEFAULT_TIMEOUT, InProcessGroup};
+pub use collective::{Collective, DEFAULT_TIMEOUT, InProcessGroup, LONGEST_TIMEOUT};
 #[cfg(feature = "cuda")]
 pub use collective::{NCCL_DEFAULT_TIMEOUT, NcclGroup, NcclId};
 pub use plan::{Plan, SEGMENT_ALIGN, SEGMENTS, segment_bounds};
@@ -117,12 +117,12 @@ impl VocabShard {
 
     /// Rank `rank`'s shard of `world`: `8 / world` consecutive segments when `world` divides
     /// [`SEGMENTS`] and no shard would be empty (the TP-size-invariant layout), otherwise rows
-    /// split as evenly as possible (`⌊r·V/world⌋`).
+    /// split as evenly as possible (`⌊r·V/world⌋`). A `rank ≥ world` gets the empty shard at
+    /// `V`, which the tensor-parallel functions refuse.
     pub fn split(rank: usize, world: usize, global_vocab: usize) -> Self {
-        assert!(
-            rank < world,
-            "VocabShard::split: rank {rank} ≥ world {world}"
-        );
+        if rank >= world {
+            return Self::new(global_vocab, global_vocab, global_vocab);
+        }
         let bounds = segment_bounds(global_vocab);
         if SEGMENTS.is_multiple_of(world) {
             let per = SEGMENTS / world;

@@ -1067,6 +1067,57 @@ pub fn bad_input<B: InvariantBackend>(device: &B::Device, dtype: DType, other_dt
 /// Expands every suite into `#[test]`s: `invariant_testsuite!(Backend, AutodiffBackend,
 /// setup_expr, dtypes: [..], other_dtype: ..)`. `setup_expr` yields `Option<Device>`; `None`
 /// skips (the setup prints why). Tests are serial: they may share a GPU.
+/// Transposed and strided views through the public API have the bits of contiguous copies of
+/// them: `matmul` of transposed operands; `linear` of a column slice with a bias sliced from a
+/// longer vector; `linear_logp_full` with `hidden` a column slice of a wider tensor, `weight` a
+/// transposed `[D, V]` and an offset bias.
+pub fn strided_views<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    let mut rng = Rng::new(91);
+    let dense = |t: Tensor<B, 2>| Tensor::<B, 2>::from_data(t.into_data(), (device, dtype));
+    let dense1 = |t: Tensor<B, 1>| Tensor::<B, 1>::from_data(t.into_data(), (device, dtype));
+    let (m, k, n) = (37, 45, 29);
+    let lhs = float::<B, 2>(rng.vec(k * m, 1.0), [k, m], device, dtype).transpose();
+    let rhs = float::<B, 2>(rng.vec(n * k, 1.0), [n, k], device, dtype).transpose();
+    let got = burn_invariant::matmul(lhs.clone(), rhs.clone()).unwrap();
+    let want = burn_invariant::matmul(dense(lhs.clone()), dense(rhs.clone())).unwrap();
+    assert_bits_eq("matmul of transposed views", &bits(got), &bits(want));
+
+    let wide = float::<B, 2>(rng.vec(m * 3 * k, 1.0), [m, 3 * k], device, dtype);
+    let input = wide.slice([0..m, k..2 * k]);
+    let long = float::<B, 1>(rng.vec(n + 11, 1.0), [n + 11], device, dtype);
+    let bias = long.slice([5..5 + n]);
+    let got = burn_invariant::linear(input.clone(), rhs.clone(), Some(bias.clone())).unwrap();
+    let want = burn_invariant::linear(dense(input), dense(rhs), Some(dense1(bias))).unwrap();
+    assert_bits_eq("linear of a column slice", &bits(got), &bits(want));
+
+    let (rows, d, v) = (23, 40, 301);
+    let wide = float::<B, 2>(rng.vec(rows * 2 * d, 1.0), [rows, 2 * d], device, dtype);
+    let hidden = wide.slice([0..rows, d / 2..d / 2 + d]);
+    let weight = float::<B, 2>(rng.vec(d * v, 0.3), [d, v], device, dtype).transpose();
+    let long = float::<B, 1>(rng.vec(v + 9, 1.0), [v + 9], device, dtype);
+    let bias = long.slice([3..3 + v]);
+    let targets: Vec<i64> = (0..rows).map(|i| (i * 37 % v) as i64).collect();
+    let opts = LinearLogpOptions::default()
+        .with_temperature(0.7)
+        .with_entropy(true);
+    let run = |h: Tensor<B, 2>, w: Tensor<B, 2>, b: Tensor<B, 1>| {
+        let out = burn_invariant::linear_logp_full(
+            h,
+            w,
+            ints::<B>(targets.clone(), device),
+            Some(b),
+            &opts,
+        )
+        .unwrap();
+        [out.logp, out.lse, out.entropy.expect("requested")].map(bits)
+    };
+    let got = run(hidden.clone(), weight.clone(), bias.clone());
+    let want = run(dense(hidden), dense(weight), dense1(bias));
+    for (name, (g, w)) in ["logp", "lse", "entropy"].iter().zip(got.iter().zip(&want)) {
+        assert_bits_eq(&format!("linear_logp {name} of strided views"), g, w);
+    }
+}
+
 macro_rules! invariant_testsuite {
     ($backend:ty, $autodiff:ty, $setup:expr, dtypes: [$($dtype:expr),+], other_dtype: $other:expr) => {
         use serial_test::serial;
@@ -1110,6 +1161,15 @@ macro_rules! invariant_testsuite {
             let Some(device) = device() else { return };
             for &dtype in DTYPES {
                 common::logp_backward_invariance::<$autodiff>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn strided_views_equal_contiguous_copies() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::strided_views::<$backend>(&device, dtype);
             }
         }
 

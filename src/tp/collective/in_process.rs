@@ -85,12 +85,12 @@ impl InProcessGroup {
         Self::with_timeout(world, DEFAULT_TIMEOUT)
     }
 
-    /// `world` handles whose waits give up after `timeout`.
+    /// `world` handles (none for 0) whose waits give up after `timeout` (at most
+    /// [`super::LONGEST_TIMEOUT`]).
     pub fn with_timeout(world: usize, timeout: Duration) -> Vec<Self> {
-        assert!(world > 0, "InProcessGroup: world size must be at least 1");
         let shared = Arc::new(Shared {
             world,
-            timeout,
+            timeout: timeout.min(super::LONGEST_TIMEOUT),
             state: Mutex::new(State {
                 generation: 0,
                 slots: vec![None; world],

@@ -195,6 +195,9 @@ struct Ordered {
     /// The receive buffer, its address and its size in bytes.
     recv: Option<(Handle, u64, usize)>,
     seq: u32,
+    /// The client of the last exchange: `settle` flushes it, as cubecl may hold its launches
+    /// (the `ib_wait` that resolves the exchange among them) until then.
+    client: Option<ComputeClient<CudaRuntime>>,
 }
 
 impl Ordered {
@@ -212,6 +215,7 @@ impl Ordered {
             flags_ptr,
             recv: None,
             seq: 0,
+            client: None,
         })
     }
 
@@ -409,7 +413,7 @@ impl NcclGroup {
                 rank,
                 world,
                 device,
-                timeout,
+                timeout: timeout.min(super::LONGEST_TIMEOUT),
                 stream,
                 comm: Mutex::new(Some(comm)),
                 broken: Mutex::new(None),
@@ -441,6 +445,7 @@ impl NcclGroup {
         };
         let words = len * shared.world;
         let seq = state.next();
+        state.client = Some(client.clone());
         let (recv, recv_ptr) = state.recv(client, words * 4)?;
         let flags_ptr = state.flags_ptr;
         let timeout_ns = shared.timeout.as_nanos().min(u64::MAX as u128) as u64;
@@ -563,14 +568,19 @@ impl NcclGroup {
         if let Some(error) = Self::lock(&shared.broken).clone() {
             return Err(error);
         }
-        let Some((flags_ptr, seq)) = Self::lock(&shared.ordered)
+        let Some((flags_ptr, seq, client)) = Self::lock(&shared.ordered)
             .as_ref()
-            .map(|o| (o.flags_ptr, o.seq))
+            .map(|o| (o.flags_ptr, o.seq, o.client.clone()))
         else {
             return Ok(());
         };
         if seq == 0 {
             return Ok(());
+        }
+        if let Some(client) = client {
+            client
+                .flush()
+                .map_err(|e| collective(format!("rank {}: flushing cubecl: {e:?}", shared.rank)))?;
         }
         self.bind_context()?;
         let deadline = Instant::now() + shared.timeout;
