@@ -90,6 +90,14 @@ pub const SCAN_ROWS: usize = 8;
 /// rescale per step).
 pub const SCAN_BATCH: usize = 8;
 
+/// `linear_logp` backward on tensor cores: units per cube of the element-wise kernels, and
+/// columns each unit takes.
+pub const EW_UNITS: usize = 256;
+/// See [`EW_UNITS`].
+pub const EW_PER_UNIT: usize = 4;
+/// Columns one cube of the element-wise kernels covers (their grid over D or a chunk's width).
+pub const EW_COLUMNS_PER_CUBE: usize = EW_UNITS * EW_PER_UNIT;
+
 /// `linear_logp` backward: token rows per host-side chunk (bounded `dz` scratch).
 pub const BWD_ROW_CHUNK: usize = 256;
 /// `linear_logp` backward: vocabulary columns per host-side chunk (bounded `dz` scratch).

@@ -1085,7 +1085,7 @@ pub fn strided_views<B: InvariantBackend>(device: &B::Device, dtype: DType) {
     let wide = float::<B, 2>(rng.vec(m * 3 * k, 1.0), [m, 3 * k], device, dtype);
     let input = wide.slice([0..m, k..2 * k]);
     let long = float::<B, 1>(rng.vec(n + 11, 1.0), [n + 11], device, dtype);
-    let bias = long.slice([5..5 + n]);
+    let bias = long.slice(5..5 + n);
     let got = burn_invariant::linear(input.clone(), rhs.clone(), Some(bias.clone())).unwrap();
     let want = burn_invariant::linear(dense(input), dense(rhs), Some(dense1(bias))).unwrap();
     assert_bits_eq("linear of a column slice", &bits(got), &bits(want));
@@ -1095,7 +1095,7 @@ pub fn strided_views<B: InvariantBackend>(device: &B::Device, dtype: DType) {
     let hidden = wide.slice([0..rows, d / 2..d / 2 + d]);
     let weight = float::<B, 2>(rng.vec(d * v, 0.3), [d, v], device, dtype).transpose();
     let long = float::<B, 1>(rng.vec(v + 9, 1.0), [v + 9], device, dtype);
-    let bias = long.slice([3..3 + v]);
+    let bias = long.slice(3..3 + v);
     let targets: Vec<i64> = (0..rows).map(|i| (i * 37 % v) as i64).collect();
     let opts = LinearLogpOptions::default()
         .with_temperature(0.7)

@@ -133,7 +133,7 @@ pub fn linear_logp_backward_limits<R: Runtime>(
             "half elements up to the end of the tensor-core scratch",
             2 * (tc.z + tc.len),
         )?;
-        let cubes = d.div_ceil(super::tc_backward::EW_COLUMNS_PER_CUBE);
+        let cubes = d.div_ceil(crate::consts::EW_COLUMNS_PER_CUBE);
         let max_x = client.properties().hardware.max_cube_count.0 as u64;
         if cubes as u64 > max_x {
             return Err(KernelError::GridTooLarge {

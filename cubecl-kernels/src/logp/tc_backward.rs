@@ -20,11 +20,7 @@ use crate::gemm::view::StridedView;
 use crate::util::{FloatDType, View, check_grid, chunks, raw_arg, to_u32};
 use cubecl::prelude::*;
 
-/// Units per cube of the element-wise kernels, and columns each unit takes.
-const EW_UNITS: usize = 256;
-const EW_PER_UNIT: usize = 4;
-/// Columns one cube of the element-wise kernels covers (their grid over D or a chunk's width).
-pub(crate) const EW_COLUMNS_PER_CUBE: usize = EW_UNITS * EW_PER_UNIT;
+use crate::consts::{EW_COLUMNS_PER_CUBE, EW_PER_UNIT, EW_UNITS};
 
 /// The f32 accumulators the backward adds into (the workspace's, f16 / bf16 gradients).
 pub(crate) struct Accumulators<'a, R: Runtime> {

@@ -24,6 +24,11 @@ pub struct MatRef<'a> {
 
 impl<'a> MatRef<'a> {
     /// A dense row-major `[rows, cols]` matrix.
+    ///
+    /// # Panics
+    /// When `data` does not hold `rows · cols` values. The oracle is a host-slice helper whose
+    /// preconditions are slice lengths, like the standard slice methods; the Reference backend
+    /// and the public Burn functions only pass consistent ones.
     pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
         assert_eq!(data.len(), rows * cols, "MatRef: data length");
         Self {
@@ -54,6 +59,9 @@ impl<'a> MatRef<'a> {
 
 /// `lhs · rhs (+ bias)` → dense `[lhs.rows, rhs.cols]`:
 /// `acc = 0; for k ascending { acc = lhs[i,k].mul_add(rhs[k,j], acc) }; out = acc + bias[j]`.
+///
+/// # Panics
+/// When the inner dimensions differ, or a view's strides address past its slice.
 pub fn gemm(lhs: MatRef<'_>, rhs: MatRef<'_>, bias: Option<&[f32]>) -> Vec<f32> {
     assert_eq!(lhs.cols, rhs.rows, "gemm: inner dimensions");
     let (k, n) = (lhs.cols, rhs.cols);
@@ -79,6 +87,9 @@ pub fn gemm(lhs: MatRef<'_>, rhs: MatRef<'_>, bias: Option<&[f32]>) -> Vec<f32> 
 }
 
 /// Column sums of `x`, rows in ascending order.
+///
+/// # Panics
+/// When a view's strides address past its slice.
 pub fn sum_rows(x: MatRef<'_>) -> Vec<f32> {
     let mut out = vec![0.0f32; x.cols];
     for i in 0..x.rows {
@@ -272,6 +283,9 @@ impl LogpProblem<'_> {
 /// [`VOCAB_TILE`]-wide tiles in ascending order; only one tile of logits exists at a time.
 /// A target that is neither in range nor ignored yields NaN (the public API rejects those).
 /// Ignored rows get `logp = 0` and `entropy = 0`.
+///
+/// # Panics
+/// When a slice of `problem` is shorter than `n`, `d`, `v` say.
 pub fn linear_logp(problem: &LogpProblem<'_>) -> Vec<f32> {
     let c = problem.columns();
     let mut out = vec![0.0f32; c * problem.n];
@@ -309,6 +323,9 @@ pub type HostGrads = (Option<Vec<f32>>, Option<Vec<f32>>, Option<Vec<f32>>);
 /// (`dLogp`, `dLse[, dEntropy]`). `dHidden[i]` sums over the vocabulary in ascending order;
 /// `dWeight[j]` and `dBias[j]` sum over tokens in ascending order, skipping rows whose upstream
 /// gradients are all zero. Logits are recomputed, never stored.
+///
+/// # Panics
+/// When a slice of `problem`, `stats` or `grad` is shorter than `n`, `d`, `v` say.
 pub fn linear_logp_backward(
     problem: &LogpProblem<'_>,
     stats: &[f32],
