@@ -430,10 +430,16 @@ fn a_tensor_exchange_without_its_peer_gives_nan_then_an_error() {
         let gathered = Collective::<B>::all_gather(&group, block).expect("enqueued");
         let values: Vec<f32> = gathered.into_data().to_vec().unwrap();
         let waited = start.elapsed();
+        // What a `tp` call runs before it returns: the exchange's failure, on this call.
+        let settled = Collective::<B>::settle(&group).err();
         let next = Collective::<B>::all_gather_host(&group, &[1]);
-        Some((values, waited, next.err()))
+        Some((values, waited, settled, next.err()))
     });
-    let (values, waited, next) = results[0].clone().unwrap();
+    let (values, waited, settled, next) = results[0].clone().unwrap();
+    assert!(
+        matches!(settled, Some(InvariantError::Collective { .. })),
+        "settle: got {settled:?}"
+    );
     assert_eq!(values.len(), 6);
     assert!(values.iter().all(|v| v.is_nan()), "got {values:?}");
     assert!(

@@ -48,6 +48,34 @@ pub fn linear_past_the_grid<B: InvariantBackend>(device: &B::Device, dtype: DTyp
     }
 }
 
+/// `linear` with [`PAST_THE_GRID`] output features: the columns past wgpu's 65535 cubes along
+/// y (and the bias offset of the second launch) have the bits of a call on those weight columns
+/// alone.
+pub fn linear_columns_past_the_grid<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    let (m, k, n) = (3, 2, PAST_THE_GRID);
+    let mut rng = Rng::new(73);
+    let input = float::<B, 2>(rng.vec(m * k, 1.0), [m, k], device, dtype);
+    let weight = float::<B, 2>(rng.vec(k * n, 1.0), [k, n], device, dtype);
+    let bias = float::<B, 1>(rng.vec(n, 1.0), [n], device, dtype);
+    let all = burn_invariant::linear(input.clone(), weight.clone(), Some(bias.clone())).unwrap();
+    for cols in [0..64, n - 4000..n - 64, n - 65..n] {
+        let w = Tensor::<B, 2>::from_data(
+            weight.clone().slice([0..k, cols.clone()]).into_data(),
+            (device, dtype),
+        );
+        let b = Tensor::<B, 1>::from_data(
+            bias.clone().slice(cols.clone()).into_data(),
+            (device, dtype),
+        );
+        let part = burn_invariant::linear(input.clone(), w, Some(b)).unwrap();
+        assert_bits_eq(
+            &format!("linear columns {cols:?} of {n}"),
+            &bits(all.clone().slice([0..m, cols])),
+            &bits(part),
+        );
+    }
+}
+
 /// `linear_logp` over [`PAST_THE_GRID`] rows, with entropy: the same bits per row as a call of
 /// its own chunk.
 pub fn linear_logp_past_the_grid<B: InvariantBackend>(device: &B::Device, dtype: DType) {
@@ -82,7 +110,8 @@ pub fn linear_logp_past_the_grid<B: InvariantBackend>(device: &B::Device, dtype:
 
 /// The CubeCl `linear_logp` backward needs an f32 workspace of `N·D + …` elements for f16 / bf16:
 /// past 2³¹ the problem is refused with `TooLarge` naming `hidden`, for the forward too (it may be
-/// differentiated later, where no error can be returned). f32 needs no such workspace.
+/// differentiated later, where no error can be returned). f32 needs no such workspace. A
+/// vocabulary past 65535 segments is refused naming `weight`.
 pub fn backward_workspace_limit<B: InvariantBackend>(device: &B::Device, half: DType) {
     let too_large = Problem::LinearLogp {
         n: 1 << 20,
@@ -101,6 +130,26 @@ pub fn backward_workspace_limit<B: InvariantBackend>(device: &B::Device, half: D
         v: 4096,
     };
     B::check_problem(Implementation::CubeCl, device, half, fits).unwrap();
+    // The forward's vocabulary segments (4096 wide), one cube each along y (65535 at most).
+    let segments = |v: usize| Problem::LinearLogp { n: 1, d: 1, v };
+    let err = B::check_problem(
+        Implementation::CubeCl,
+        device,
+        DType::F32,
+        segments(65_536 * 4096),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, InvariantError::TooLarge { arg: "weight", .. }),
+        "{err}"
+    );
+    B::check_problem(
+        Implementation::CubeCl,
+        device,
+        DType::F32,
+        segments(65_535 * 4096),
+    )
+    .unwrap();
 }
 
 /// Arguments on another device: `DeviceMismatch` naming the argument.
@@ -183,6 +232,7 @@ mod wgpu {
         let Some(device) = device() else { return };
         super::linear_past_the_grid::<B>(&device, DType::F32);
         super::linear_past_the_grid::<Fused>(&device, DType::F16);
+        super::linear_columns_past_the_grid::<B>(&device, DType::F32);
     }
 
     #[test]

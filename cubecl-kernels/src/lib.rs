@@ -75,8 +75,8 @@ pub use gemm::{
 #[doc(hidden)]
 pub use logp::force_chunked_fma;
 pub use logp::{
-    LogpGradRefs, LogpInputRefs, linear_logp_backward, linear_logp_backward_limits,
-    linear_logp_backward_workspace_len, linear_logp_forward, linear_logp_forward_max_rows,
-    linear_logp_forward_workspace_len, linear_logp_num_segments, linear_logp_tensor_cores,
+    LogpGradRefs, LogpInputRefs, linear_logp_backward, linear_logp_backward_workspace_len,
+    linear_logp_forward, linear_logp_forward_max_rows, linear_logp_forward_workspace_len,
+    linear_logp_limits, linear_logp_num_segments, linear_logp_tensor_cores,
 };
 pub use util::{FloatDType, IndexDType, runtime_supports};

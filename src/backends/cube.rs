@@ -80,36 +80,34 @@ fn cubecl_limits<R: CubeRuntime>(
         return Ok(());
     }
     let client = R::client(device);
-    logp::linear_logp_backward_limits(&client, [n, d, v], dtype.into(), true).map_err(|err| {
-        match err {
-            KernelError::IndexOverflow {
-                arg,
-                what,
-                value,
-                limit,
-            } => InvariantError::TooLarge {
-                arg,
-                what,
-                got: value.min(u64::MAX as u128) as u64,
-                limit: limit as u64,
-            },
-            KernelError::GridTooLarge {
-                arg,
-                what,
-                value,
-                limit,
-            } => InvariantError::TooLarge {
-                arg,
-                what,
-                got: value,
-                limit,
-            },
-            other => InvariantError::UnsupportedProblem {
-                implementation: Implementation::CubeCl,
-                problem,
-                reason: other.to_string(),
-            },
-        }
+    logp::linear_logp_limits(&client, [n, d, v], dtype.into(), true).map_err(|err| match err {
+        KernelError::IndexOverflow {
+            arg,
+            what,
+            value,
+            limit,
+        } => InvariantError::TooLarge {
+            arg,
+            what,
+            got: value.min(u64::MAX as u128) as u64,
+            limit: limit as u64,
+        },
+        KernelError::GridTooLarge {
+            arg,
+            what,
+            value,
+            limit,
+        } => InvariantError::TooLarge {
+            arg,
+            what,
+            got: value,
+            limit,
+        },
+        other => InvariantError::UnsupportedProblem {
+            implementation: Implementation::CubeCl,
+            problem,
+            reason: other.to_string(),
+        },
     })
 }
 

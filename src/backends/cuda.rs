@@ -81,6 +81,7 @@ impl<B: burn_fusion::FusionBackend + CudaBackend> CudaBackend for burn_fusion::F
                 OperationIr::Init(desc),
                 NoOp::<B>::new(),
             )
+            // One `Init` output was registered, so one tensor comes back.
             .remove(0);
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }

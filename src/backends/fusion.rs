@@ -336,6 +336,8 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
             outputs,
         )
         .into_iter();
+        // `outputs` was built from the same `request` (one per requested gradient, in this
+        // order), and `register` returns one tensor per output: the `expect`s cannot fire.
         LinearLogpGrads {
             hidden: request.hidden.then(|| results.next().expect("dHidden")),
             weight: request.weight.then(|| results.next().expect("dWeight")),

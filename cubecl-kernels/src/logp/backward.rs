@@ -177,8 +177,8 @@ struct Backward<'a, 'b, R: Runtime> {
     d_bias_view: Option<View>,
     rows_c: usize,
     cols_c: usize,
-    /// Where the f32 sums go: the outputs themselves for f32, the workspace after the `dz`
-    /// scratch otherwise.
+    /// Where the f32 sums go: the outputs themselves for f32, the workspace's accumulators
+    /// ([`HalfLayout`]) otherwise.
     dh: Mat<'a, R>,
     dw: Mat<'a, R>,
     db: Option<Vec1<'a, R>>,

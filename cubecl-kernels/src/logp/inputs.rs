@@ -110,15 +110,27 @@ pub fn linear_logp_forward_max_rows<R: Runtime>(
     (grid.min(space) / LOGP_ROWS * LOGP_ROWS).max(LOGP_ROWS)
 }
 
-/// Whether [`crate::linear_logp_backward`] runs N, D, V for `dtype` on this client: its f32
-/// workspace within 32-bit indexing and the tensor-core path's element-wise grids within the
-/// runtime's cube count. The error names `hidden`, whose size the limit is about.
-pub fn linear_logp_backward_limits<R: Runtime>(
+/// Whether [`crate::linear_logp_forward`] (in calls of [`linear_logp_forward_max_rows`] rows)
+/// and [`crate::linear_logp_backward`] run N, D, V for `dtype` on this client: the forward's
+/// vocabulary segments within the runtime's cube count along y, the backward's f32 workspace
+/// within 32-bit indexing and its tensor-core element-wise grids within the cube count along x.
+/// The error names the argument whose size the limit is about.
+pub fn linear_logp_limits<R: Runtime>(
     client: &ComputeClient<R>,
     [n, d, v]: [usize; 3],
     dtype: StorageType,
     has_bias: bool,
 ) -> Result<(), KernelError> {
+    let (_, max_y, _) = client.properties().hardware.max_cube_count;
+    let segments = linear_logp_num_segments(v);
+    if segments as u64 > max_y as u64 {
+        return Err(KernelError::GridTooLarge {
+            arg: "weight",
+            what: "vocabulary segments (V / 4096), one cube each along y",
+            value: segments as u64,
+            limit: max_y as u64,
+        });
+    }
     let len = linear_logp_backward_workspace_len(n, d, v, dtype, has_bias)?;
     to_u32(
         "hidden",

@@ -12,8 +12,8 @@ mod workspace;
 pub use backward::linear_logp_backward;
 pub use forward::linear_logp_forward;
 pub use inputs::{
-    LogpGradRefs, LogpInputRefs, linear_logp_backward_limits, linear_logp_backward_workspace_len,
-    linear_logp_forward_max_rows, linear_logp_forward_workspace_len, linear_logp_num_segments,
+    LogpGradRefs, LogpInputRefs, linear_logp_backward_workspace_len, linear_logp_forward_max_rows,
+    linear_logp_forward_workspace_len, linear_logp_limits, linear_logp_num_segments,
     linear_logp_tensor_cores,
 };
 

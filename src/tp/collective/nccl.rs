@@ -26,9 +26,12 @@
 //! return a peer's failure (it has finished enqueueing before the peers arrive): when the
 //! device-side wait times out, `ib_copy` fills the result with NaN, never stale data, and
 //! `ib_wait` records the timeout. [`Collective::settle`], which every `tp` call runs before it
-//! returns, reports it: it polls the flag words from the host (16 bytes, pauses growing from
-//! 10 µs to 1 ms, bounded by the timeout) until the last exchange's device-side wait has
-//! resolved, and returns its error, so the failed call itself fails, on every rank.
+//! returns, reports it: it flushes the exchange's cubecl client (cubecl may hold a thread's
+//! launches until then), then polls the flag words from the host (16 bytes, pauses growing from
+//! 10 µs to 1 ms) until the last exchange's device-side wait has resolved, and returns its
+//! error, so the failed call itself fails, on every rank. The host gives up by itself (and
+//! breaks the group) only at twice the timeout after this rank's compute reached the exchange,
+//! so the device-side timeout always speaks first.
 //!
 //! The cost: a `tp` call returns only once this rank's compute up to its last exchange and
 //! the exchange itself are done (the host waits for that, and for up to one pause more). Work
@@ -583,7 +586,10 @@ impl NcclGroup {
                 .map_err(|e| collective(format!("rank {}: flushing cubecl: {e:?}", shared.rank)))?;
         }
         self.bind_context()?;
-        let deadline = Instant::now() + shared.timeout;
+        // The clock starts once this rank's compute has reached the exchange (`flags[0]`): the
+        // device-side wait then times out first, and the host only backs it up, at twice the
+        // timeout. The compute before the exchange is not bounded here.
+        let mut deadline = None;
         let mut pause = Duration::from_micros(10);
         loop {
             let mut flags = [0u32; 4];
@@ -601,7 +607,11 @@ impl NcclGroup {
             if resolved || flags[2] != 0 {
                 return self.check_device_waits();
             }
-            if Instant::now() > deadline {
+            let reached = flags[0].wrapping_sub(seq) as i32 >= 0 && flags[0] != 0;
+            if reached && deadline.is_none() {
+                deadline = Some(Instant::now() + 2 * shared.timeout);
+            }
+            if deadline.is_some_and(|d| Instant::now() > d) {
                 let error = collective(format!(
                     "rank {} of {}: tensor exchange {seq} was not completed within {:?} (a \
                      rank is missing or called a different collective)",
