@@ -80,29 +80,25 @@ fn cubecl_limits<R: CubeRuntime>(
         return Ok(());
     }
     let client = R::client(device);
+    let too_large = |arg, what, got: u128, limit: u128| InvariantError::TooLarge {
+        arg,
+        what,
+        got: got.min(u64::MAX as u128) as u64,
+        limit: limit.min(u64::MAX as u128) as u64,
+    };
     logp::linear_logp_limits(&client, [n, d, v], dtype.into(), true).map_err(|err| match err {
         KernelError::IndexOverflow {
             arg,
             what,
             value,
             limit,
-        } => InvariantError::TooLarge {
-            arg,
-            what,
-            got: value.min(u64::MAX as u128) as u64,
-            limit: limit as u64,
-        },
+        } => too_large(arg, what, value, limit),
         KernelError::GridTooLarge {
             arg,
             what,
             value,
             limit,
-        } => InvariantError::TooLarge {
-            arg,
-            what,
-            got: value,
-            limit,
-        },
+        } => too_large(arg, what, value.into(), limit.into()),
         other => InvariantError::UnsupportedProblem {
             implementation: Implementation::CubeCl,
             problem,
