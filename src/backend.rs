@@ -322,8 +322,8 @@ pub trait Collective<B: Backend>: core::fmt::Debug + Send + Sync {
     /// rank order, on `block`'s device.
     fn all_gather(&self, block: Tensor<B, 1>) -> Result<Tensor<B, 1>, InvariantError>;
 
-    /// Returns once every exchange this rank enqueued so far has completed or failed, bounded
-    /// by the group's timeout: the error of a failed one. The default suits groups whose
+    /// Returns once every exchange this rank enqueued so far has completed or failed (a peer
+    /// missing past the group's timeout is a failure): the error of a failed one. The default suits groups whose
     /// exchanges complete before they return.
     fn settle(&self) -> Result<(), InvariantError> {
         Ok(())
