@@ -289,55 +289,61 @@ fn rl_api_cases<U: AutodiffBackend + InvariantBackend>(device: &U::Device)
 where
     U::InnerBackend: InvariantBackend,
 {
-    let rand = |shape: [usize; 2], scale: f64| {
-        Tensor::<U, 2>::random(shape, Distribution::Uniform(-scale, scale), device)
-            .cast(DType::BF16)
-    };
-    let (n, d) = (4096usize, 2048usize);
     let opts = LinearLogpOptions::default()
         .with_skip_target_check(true)
         .with_temperature(0.7)
         .with_entropy(true);
     for imp in [Implementation::Sm90, Implementation::CubeCl] {
         force(imp);
-        let name = format!("{imp:?}Api+T0.7+ent");
-        for v in VOCABS {
-            let hidden = rand([n, d], 1.0);
-            let weight = rand([v, d], 0.05);
-            let targets = spread_targets::<U>(n, v, device);
-            let shape = format!("dtype=bf16 n={n} d={d} v={v}");
-            let flops = 2.0 * (n * d * v) as f64;
-            let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
-            let s = time::<U>(device, 3, reps, || {
-                let _ = burn_invariant::linear_logp_full(
-                    hidden.clone(),
-                    weight.clone(),
-                    targets.clone(),
-                    None,
-                    &opts,
-                )
-                .expect("linear_logp_full");
-            });
-            report("linear_logp_fwd", &name, &shape, s, flops);
-            let (h, w) = (hidden.clone().require_grad(), weight.clone().require_grad());
-            let s = time::<U>(device, 2, reps, || {
-                let out = burn_invariant::linear_logp_full(
-                    h.clone(),
-                    w.clone(),
-                    targets.clone(),
-                    None,
-                    &opts,
-                )
-                .expect("linear_logp_full");
-                let entropy = out.entropy.expect("entropy was requested");
-                let grads = (out.logp.sum() + entropy.sum().mul_scalar(0.01)).backward();
-                let _ = (h.grad(&grads), w.grad(&grads));
-            });
-            report("linear_logp_fwd_bwd", &name, &shape, s, 4.0 * flops);
-        }
+        api_logp_cases::<U>(device, imp, &format!("{imp:?}Api+T0.7+ent"), &opts);
     }
     // SAFETY: as in `force`.
     unsafe { std::env::remove_var("BURN_INVARIANT_IMPL") };
+}
+
+/// `linear_logp_full` with `opts` under `U` at N = 4096, D = 2048 for every vocabulary, on the
+/// implementation `imp` forced by the caller: forward, and forward + backward of `Σ logp` (plus
+/// `0.01·Σ entropy` where the options ask for it).
+fn api_logp_cases<U: AutodiffBackend + InvariantBackend>(
+    device: &U::Device,
+    imp: Implementation,
+    name: &str,
+    opts: &LinearLogpOptions,
+) where
+    U::InnerBackend: InvariantBackend,
+{
+    let rand = |shape: [usize; 2], scale: f64| {
+        Tensor::<U, 2>::random(shape, Distribution::Uniform(-scale, scale), device)
+            .cast(DType::BF16)
+    };
+    let (n, d) = (4096usize, 2048usize);
+    for v in VOCABS {
+        let hidden = rand([n, d], 1.0);
+        let weight = rand([v, d], 0.05);
+        let targets = spread_targets::<U>(n, v, device);
+        let shape = format!("dtype=bf16 n={n} d={d} v={v}");
+        let flops = 2.0 * (n * d * v) as f64;
+        let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
+        let call = |h: &Tensor<U, 2>, w: &Tensor<U, 2>| {
+            burn_invariant::linear_logp_full(h.clone(), w.clone(), targets.clone(), None, opts)
+                .expect("linear_logp_full")
+        };
+        let s = time::<U>(device, 3, reps, || {
+            let _ = call(&hidden, &weight);
+        });
+        report("linear_logp_fwd", name, &shape, s, flops);
+        let (h, w) = (hidden.clone().require_grad(), weight.clone().require_grad());
+        let s = time::<U>(device, 2, reps, || {
+            let out = call(&h, &w);
+            let loss = match out.entropy {
+                Some(entropy) => out.logp.sum() + entropy.sum().mul_scalar(0.01),
+                None => out.logp.sum(),
+            };
+            let grads = loss.backward();
+            let _ = (h.grad(&grads), w.grad(&grads));
+        });
+        report("linear_logp_fwd_bwd", name, &shape, s, 4.0 * flops);
+    }
 }
 
 /// Forces `implementation` for the calls that follow (the registry reads the variable per call).
@@ -351,7 +357,8 @@ fn force(implementation: Implementation) {
     unsafe { std::env::set_var("BURN_INVARIANT_IMPL", name) };
 }
 
-/// The public-API cases: `matmul` at M = 4096, `linear_logp` forward and forward + backward.
+/// The public-API cases: `matmul` at M = 4096, `linear_logp` forward and forward + backward
+/// (through `linear_logp_full` without entropy: the path `linear_logp` takes).
 fn api_cases<U: AutodiffBackend + InvariantBackend>(device: &U::Device)
 where
     U::InnerBackend: InvariantBackend,
@@ -372,36 +379,8 @@ where
             let shape = format!("dtype=bf16 m={m} k={k} n={n}");
             report("matmul", &name, &shape, s, 2.0 * (m * k * n) as f64);
         }
-        let (n, d) = (4096usize, 2048usize);
         let opts = LinearLogpOptions::default().with_skip_target_check(true);
-        for v in VOCABS {
-            let hidden = rand([n, d], 1.0);
-            let weight = rand([v, d], 0.05);
-            let targets = spread_targets::<U>(n, v, device);
-            let shape = format!("dtype=bf16 n={n} d={d} v={v}");
-            let flops = 2.0 * (n * d * v) as f64;
-            let reps = if imp == Implementation::Sm90 { 7 } else { 3 };
-            let s = time::<U>(device, 3, reps, || {
-                let _ = burn_invariant::linear_logp(
-                    hidden.clone(),
-                    weight.clone(),
-                    targets.clone(),
-                    None,
-                    &opts,
-                )
-                .expect("linear_logp");
-            });
-            report("linear_logp_fwd", &name, &shape, s, flops);
-            let (h, w) = (hidden.clone().require_grad(), weight.clone().require_grad());
-            let s = time::<U>(device, 2, reps, || {
-                let logp =
-                    burn_invariant::linear_logp(h.clone(), w.clone(), targets.clone(), None, &opts)
-                        .expect("linear_logp");
-                let grads = logp.sum().backward();
-                let _ = (h.grad(&grads), w.grad(&grads));
-            });
-            report("linear_logp_fwd_bwd", &name, &shape, s, 4.0 * flops);
-        }
+        api_logp_cases::<U>(device, imp, &name, &opts);
     }
     // SAFETY: as in `force`.
     unsafe { std::env::remove_var("BURN_INVARIANT_IMPL") };

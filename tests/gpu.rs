@@ -7,10 +7,6 @@
 #[macro_use]
 mod common;
 
-use std::sync::OnceLock;
-
-use common::probe;
-
 /// Cross-backend reference mode: the f32 `CubeCl` GEMM (FMA path) gives the bits of `Reference`
 /// (NdArray, `f32::mul_add` chains), with and without bias, on shapes that are no multiple of any
 /// tile. On lavapipe this runs the emulated once-rounded `fma` (its `fma` rounds twice).
@@ -100,18 +96,7 @@ mod wgpu {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::*;
-    use burn_cuda::CudaDevice;
-
-    pub fn device() -> Option<CudaDevice> {
-        static CELL: OnceLock<Option<CudaDevice>> = OnceLock::new();
-        probe(&CELL, "cuda", "BURN_INVARIANT_REQUIRE_CUDA", || {
-            // cudarc loads libcuda lazily and panics when it is absent.
-            cudarc::driver::result::init().ok()?;
-            let count = cudarc::driver::result::device::get_count().ok()?;
-            (count > 0).then(|| CudaDevice::new(0))
-        })
-    }
+    pub use super::common::cuda_device as device;
 
     mod raw {
         use super::super::common;

@@ -279,23 +279,13 @@ mod wgpu {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::common::probe;
     use burn::tensor::{DType, Tensor};
-    use burn_cuda::CudaDevice;
     use burn_invariant::{InvariantError, LinearLogpOptions};
     use serial_test::serial;
-    use std::sync::OnceLock;
 
     type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
 
-    fn device() -> Option<CudaDevice> {
-        static CELL: OnceLock<Option<CudaDevice>> = OnceLock::new();
-        probe(&CELL, "cuda", "BURN_INVARIANT_REQUIRE_CUDA", || {
-            cudarc::driver::result::init().ok()?;
-            let count = cudarc::driver::result::device::get_count().ok()?;
-            (count > 0).then(|| CudaDevice::new(0))
-        })
-    }
+    use super::common::cuda_device as device;
 
     #[test]
     #[serial]

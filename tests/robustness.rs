@@ -199,22 +199,11 @@ mod wgpu {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use std::sync::OnceLock;
-
     use burn::tensor::{DType, Tensor};
-    use burn_cuda::CudaDevice;
 
     type Raw = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i64, u8>;
 
-    fn device() -> Option<CudaDevice> {
-        static CELL: OnceLock<Option<CudaDevice>> = OnceLock::new();
-        super::common::probe(&CELL, "cuda", "BURN_INVARIANT_REQUIRE_CUDA", || {
-            // cudarc loads libcuda lazily and panics when it is absent.
-            cudarc::driver::result::init().ok()?;
-            let count = cudarc::driver::result::device::get_count().ok()?;
-            (count > 0).then(|| CudaDevice::new(0))
-        })
-    }
+    use super::common::cuda_device as device;
 
     /// D = 0 in bf16: the Sm90 kernels refuse it, so the registry's default runs it on CubeCl
     /// (before, the call returned `UnsupportedProblem`). Values against the NdArray reference.

@@ -12,7 +12,9 @@ use burn::tensor::{DType, Tensor, backend::Backend};
 use burn_invariant::tp::{self, InProcessGroup, VocabShard, segment_bounds};
 use burn_invariant::{InvariantError, LinearLogpOptions};
 use common::ranks::{self, bits_of};
-use common::tp_problem::{IGNORE, Problem, RankOut, host, problem, rank_run, single_rank};
+use common::tp_problem::{
+    IGNORE, Problem, RankOut, host, problem, rank_run, shard_logp, single_rank,
+};
 use common::{Rng, assert_bits_eq, float, ints};
 
 type B = burn::backend::NdArray<f32>;
@@ -305,21 +307,7 @@ fn ignored_rows_have_zero_logp_and_unchecked_bad_targets_give_nan() {
     let outs = on_ranks(InProcessGroup::new(2), move |rank, group| {
         let device = Default::default();
         let s = VocabShard::split(rank, 2, q.v);
-        let logp = tp::linear_logp(
-            float::<B, 2>(q.hidden.clone(), [q.n, q.d], &device, DType::F32),
-            float::<B, 2>(
-                q.weight[s.start * q.d..s.end * q.d].to_vec(),
-                [s.len(), q.d],
-                &device,
-                DType::F32,
-            ),
-            ints::<B>(q.targets.clone(), &device),
-            None,
-            &s,
-            &group,
-            &q.options,
-        )
-        .unwrap();
+        let logp = shard_logp::<B, _>(&q, &device, &s, &group).unwrap();
         host(logp)
     });
     for logp in &outs {
@@ -611,22 +599,7 @@ fn a_rank_that_never_arrives_fails_the_others_in_bounded_time() {
     let errors = on_ranks(groups, move |rank, group| {
         let device = Default::default();
         let s = VocabShard::split(rank, 3, q.v);
-        tp::linear_logp(
-            float::<B, 2>(q.hidden.clone(), [q.n, q.d], &device, DType::F32),
-            float::<B, 2>(
-                q.weight[s.start * q.d..s.end * q.d].to_vec(),
-                [s.len(), q.d],
-                &device,
-                DType::F32,
-            ),
-            ints::<B>(q.targets.clone(), &device),
-            None,
-            &s,
-            &group,
-            &q.options,
-        )
-        .map(|_| ())
-        .unwrap_err()
+        shard_logp::<B, _>(&q, &device, &s, &group).unwrap_err()
     });
     assert!(
         start.elapsed() < Duration::from_secs(20),
@@ -642,22 +615,7 @@ fn a_rank_that_never_arrives_fails_the_others_in_bounded_time() {
     // The late rank gets the same error at once.
     let device = Default::default();
     let s = VocabShard::split(2, 3, p.v);
-    let late = tp::linear_logp(
-        float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32),
-        float::<B, 2>(
-            p.weight[s.start * p.d..s.end * p.d].to_vec(),
-            [s.len(), p.d],
-            &device,
-            DType::F32,
-        ),
-        ints::<B>(p.targets.clone(), &device),
-        None,
-        &s,
-        &absent,
-        &p.options,
-    )
-    .map(|_| ())
-    .unwrap_err();
+    let late = shard_logp::<B, _>(&p, &device, &s, &absent).unwrap_err();
     assert_eq!(late, errors[0]);
 }
 
@@ -1254,22 +1212,7 @@ mod wgpu {
         let start = Instant::now();
         let errors = ranks::on_ranks(groups, WATCHDOG, move |rank, group| {
             let s = VocabShard::split(rank, 2, p.v);
-            tp::linear_logp::<Raw, _>(
-                float::<Raw, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32),
-                float::<Raw, 2>(
-                    p.weight[s.start * p.d..s.end * p.d].to_vec(),
-                    [s.len(), p.d],
-                    &device,
-                    DType::F32,
-                ),
-                ints::<Raw>(p.targets.clone(), &device),
-                None,
-                &s,
-                &group,
-                &p.options,
-            )
-            .map(|_| ())
-            .unwrap_err()
+            shard_logp::<Raw, _>(&p, &device, &s, &group).unwrap_err()
         });
         assert!(
             start.elapsed() < Duration::from_secs(20),

@@ -335,27 +335,11 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     }
 
     fn invariant_tp_merge_lse(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        let (a, b) = (into_contiguous(a), into_contiguous(b));
-        let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
-        launched(tp_kernels::merge_lse(
-            &a.client,
-            &a.clone().binding(),
-            &b.binding(),
-            &out.clone().binding(),
-        ));
-        out
+        merge(a, b, tp_kernels::merge_lse)
     }
 
     fn invariant_tp_merge_entropy(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        let (a, b) = (into_contiguous(a), into_contiguous(b));
-        let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
-        launched(tp_kernels::merge_entropy(
-            &a.client,
-            &a.clone().binding(),
-            &b.binding(),
-            &out.clone().binding(),
-        ));
-        out
+        merge(a, b, tp_kernels::merge_entropy)
     }
 
     fn invariant_tp_pick(
@@ -413,6 +397,31 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         out
     }
 }
+
+/// A tensor-parallel merge kernel's `out = a ⊕ b` over contiguous f32 operands of `a`'s shape.
+fn merge<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+    launch: MergeLaunch<R>,
+) -> CubeTensor<R> {
+    let (a, b) = (into_contiguous(a), into_contiguous(b));
+    let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
+    launched(launch(
+        &a.client,
+        &a.clone().binding(),
+        &b.binding(),
+        &out.clone().binding(),
+    ));
+    out
+}
+
+/// The signature of `tp_kernels::merge_lse` and `tp_kernels::merge_entropy`.
+type MergeLaunch<R> = fn(
+    &cubecl::prelude::ComputeClient<R>,
+    &cubecl::prelude::TensorBinding<R>,
+    &cubecl::prelude::TensorBinding<R>,
+    &cubecl::prelude::TensorBinding<R>,
+) -> Result<(), KernelError>;
 
 /// The inputs as the kernels take them: targets in a kernel dtype, every view addressable.
 fn kernel_inputs<R, F, I, BT>(

@@ -1341,6 +1341,19 @@ pub fn probe<D: Clone + Send + Sync + 'static>(
     .clone()
 }
 
+/// CUDA device 0, probed once per test binary (`None`, with a notice, where no GPU or driver
+/// exists, unless `BURN_INVARIANT_REQUIRE_CUDA=1`).
+#[cfg(feature = "cuda")]
+pub fn cuda_device() -> Option<burn_cuda::CudaDevice> {
+    static CELL: std::sync::OnceLock<Option<burn_cuda::CudaDevice>> = std::sync::OnceLock::new();
+    probe(&CELL, "cuda", "BURN_INVARIANT_REQUIRE_CUDA", || {
+        // cudarc loads libcuda lazily and panics when it is absent.
+        cudarc::driver::result::init().ok()?;
+        let count = cudarc::driver::result::device::get_count().ok()?;
+        (count > 0).then(|| burn_cuda::CudaDevice::new(0))
+    })
+}
+
 /// The default wgpu device, probed once per test binary (`None`, with a notice, where no adapter
 /// exists, unless `BURN_INVARIANT_REQUIRE_WGPU=1`).
 #[cfg(feature = "wgpu")]

@@ -6,7 +6,7 @@ use burn::tensor::{DType, Tensor};
 use burn_invariant::{InvariantBackend, InvariantError, LinearLogpOutput};
 
 use super::{
-    IGNORE, Logp, Rng, assert_bits_eq, bits, chunks, float, ints, logp_problem, rows_of,
+    IGNORE, Logp, LogpGrads, Rng, assert_bits_eq, bits, chunks, float, ints, logp_problem, rows_of,
     unit_roundoff, values,
 };
 
@@ -302,16 +302,10 @@ pub fn head_row_invariance<B: InvariantBackend>(device: &B::Device, dtype: DType
 }
 
 /// Gradients of `Σ_i g_logp_i·logp_i + g_lse_i·lse_i + g_ent_i·entropy_i`.
-pub struct HeadGrads<B: burn::tensor::backend::Backend> {
-    pub hidden: Tensor<B, 2>,
-    pub weight: Tensor<B, 2>,
-    pub bias: Option<Tensor<B, 1>>,
-}
-
 pub fn head_grads<B: AutodiffBackend + InvariantBackend>(
     p: &Logp<B>,
     [g_logp, g_lse, g_ent]: [&Tensor<B, 1>; 3],
-) -> HeadGrads<B::InnerBackend> {
+) -> LogpGrads<B::InnerBackend> {
     let hidden = p.hidden.clone().require_grad();
     let weight = p.weight.clone().require_grad();
     let bias = p.bias.clone().map(|b| b.require_grad());
@@ -326,7 +320,7 @@ pub fn head_grads<B: AutodiffBackend + InvariantBackend>(
     let entropy = out.entropy.expect("entropy");
     let loss = out.logp * g_logp.clone() + out.lse * g_lse.clone() + entropy * g_ent.clone();
     let grads = loss.sum().backward();
-    HeadGrads {
+    LogpGrads {
         hidden: hidden.grad(&grads).expect("hidden grad"),
         weight: weight.grad(&grads).expect("weight grad"),
         bias: bias.map(|b| b.grad(&grads).expect("bias grad")),

@@ -149,6 +149,33 @@ where
     })
 }
 
+/// One rank's plain `tp::linear_logp` on `shard` (f32, no bias), its result as it is.
+pub fn shard_logp<B, G>(
+    p: &Problem,
+    device: &B::Device,
+    shard: &VocabShard,
+    group: &G,
+) -> Result<Tensor<B, 1>, burn_invariant::InvariantError>
+where
+    B: InvariantBackend,
+    G: tp::Collective<B> + Clone + 'static,
+{
+    tp::linear_logp(
+        float::<B, 2>(p.hidden.clone(), [p.n, p.d], device, DType::F32),
+        float::<B, 2>(
+            p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
+            [shard.len(), p.d],
+            device,
+            DType::F32,
+        ),
+        ints::<B>(p.targets.clone(), device),
+        None,
+        shard,
+        group,
+        &p.options,
+    )
+}
+
 /// The single-rank `linear_logp_full` on the whole head.
 pub fn single_rank<A>(p: &Problem, device: &A::Device) -> RankOut
 where

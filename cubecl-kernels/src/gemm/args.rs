@@ -2,7 +2,7 @@
 
 use crate::error::KernelError;
 use crate::gemm::view::StridedViewLaunch;
-use crate::util::{View, to_u32};
+use crate::util::{View, launch_chunks, to_u32};
 use cubecl::ir::StorageType;
 use cubecl::prelude::*;
 
@@ -126,8 +126,26 @@ pub(crate) struct GemmOperands<'a, R: Runtime> {
 }
 
 impl<'a, R: Runtime> GemmOperands<'a, R> {
+    /// Runs `launch(block, rows, cols)` over the output blocks of `[m, n]` that fit the runtime's
+    /// cube count at `bm × bn` outputs per cube (one block where everything fits). Every output
+    /// element is computed independently of the split, so the bits are those of one launch.
+    pub(crate) fn for_blocks(
+        &self,
+        client: &ComputeClient<R>,
+        [m, n]: [usize; 2],
+        [bm, bn]: [usize; 2],
+        mut launch: impl FnMut(&Self, usize, usize) -> Result<(), KernelError>,
+    ) -> Result<(), KernelError> {
+        for (row, rows) in launch_chunks(client, 0, m, bm) {
+            for (col, cols) in launch_chunks(client, 1, n, bn) {
+                launch(&self.block(row, col)?, rows, cols)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The operands of the output block from row `row` and column `col` on.
-    pub(crate) fn block(&self, row: usize, col: usize) -> Result<Self, KernelError> {
+    fn block(&self, row: usize, col: usize) -> Result<Self, KernelError> {
         Ok(GemmOperands {
             lhs: self.lhs.rows_from("lhs", row)?,
             rhs: self.rhs.cols_from("rhs", col)?,

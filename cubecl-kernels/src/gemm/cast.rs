@@ -44,36 +44,26 @@ pub(crate) fn launch_cast_2d<R: Runtime>(
     if m == 0 {
         return Ok(());
     }
+    let m32 = to_u32("x", "M", m)?;
+    // Grid y strides over the rows (see the kernel).
+    let gy = m.min(client.properties().hardware.max_cube_count.1 as usize);
     for (col, cols) in launch_chunks(client, 0, n, COL_SUM_BLOCK) {
         let (x, out) = (x.cols_from("x", col)?, out.cols_from("out", col)?);
-        launch_cast_2d_grid(client, &x, &out, m, cols)?;
-    }
-    Ok(())
-}
-
-/// One launch of the 2-D cast kernel.
-fn launch_cast_2d_grid<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &Mat<'_, R>,
-    out: &Mat<'_, R>,
-    m: usize,
-    n: usize,
-) -> Result<(), KernelError> {
-    let max_y = client.properties().hardware.max_cube_count.1 as usize;
-    let (gx, gy) = check_grid(client, "out", n.div_ceil(COL_SUM_BLOCK), m.min(max_y))?;
-    unsafe {
-        cast_2d_kernel::launch_unchecked::<R>(
-            client,
-            CubeCount::Static(gx, gy, 1),
-            CubeDim::new_1d(COL_SUM_BLOCK as u32),
-            raw_arg(x.buf),
-            x.launch(),
-            raw_arg(out.buf),
-            out.launch(),
-            to_u32("x", "M", m)?,
-            to_u32("x", "N", n)?,
-            [x.dtype, out.dtype],
-        );
+        let (gx, gy) = check_grid(client, "out", cols.div_ceil(COL_SUM_BLOCK), gy)?;
+        unsafe {
+            cast_2d_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(gx, gy, 1),
+                CubeDim::new_1d(COL_SUM_BLOCK as u32),
+                raw_arg(x.buf),
+                x.launch(),
+                raw_arg(out.buf),
+                out.launch(),
+                m32,
+                to_u32("x", "N", cols)?,
+                [x.dtype, out.dtype],
+            );
+        }
     }
     Ok(())
 }

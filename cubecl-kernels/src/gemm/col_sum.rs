@@ -51,39 +51,26 @@ pub(crate) fn launch_col_sum<R: Runtime>(
     n: usize,
     accumulate: bool,
 ) -> Result<(), KernelError> {
+    let m32 = to_u32("x", "M", m)?;
     for (col, cols) in launch_chunks(client, 0, n, COL_SUM_BLOCK) {
         let (x, out) = (x.cols_from("x", col)?, out.elements_from("out", col)?);
-        launch_col_sum_grid(client, &x, &out, out_dtype, m, cols, accumulate)?;
-    }
-    Ok(())
-}
-
-/// One launch of the column-sum kernel.
-fn launch_col_sum_grid<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &Mat<'_, R>,
-    out: &Vec1<'_, R>,
-    out_dtype: StorageType,
-    m: usize,
-    n: usize,
-    accumulate: bool,
-) -> Result<(), KernelError> {
-    let (gx, _) = check_grid(client, "out", n.div_ceil(COL_SUM_BLOCK), 1)?;
-    unsafe {
-        col_sum_kernel::launch_unchecked::<R>(
-            client,
-            CubeCount::Static(gx, 1, 1),
-            CubeDim::new_1d(COL_SUM_BLOCK as u32),
-            raw_arg(x.buf),
-            x.launch(),
-            raw_arg(out.buf),
-            out.offset,
-            out.stride,
-            to_u32("x", "M", m)?,
-            to_u32("x", "N", n)?,
-            accumulate,
-            [x.dtype, out_dtype],
-        );
+        let (gx, _) = check_grid(client, "out", cols.div_ceil(COL_SUM_BLOCK), 1)?;
+        unsafe {
+            col_sum_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(gx, 1, 1),
+                CubeDim::new_1d(COL_SUM_BLOCK as u32),
+                raw_arg(x.buf),
+                x.launch(),
+                raw_arg(out.buf),
+                out.offset,
+                out.stride,
+                m32,
+                to_u32("x", "N", cols)?,
+                accumulate,
+                [x.dtype, out_dtype],
+            );
+        }
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use crate::consts::{FMA_BK, FMA_BM, FMA_BN, FMA_MICRO, FMA_THREADS};
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, gemm_scalars};
 use crate::gemm::view::StridedView;
-use crate::util::{check_grid, launch_chunks, raw_arg};
+use crate::util::{check_grid, raw_arg};
 use cubecl::prelude::*;
 
 /// No terms skipped.
@@ -433,13 +433,9 @@ pub(crate) fn launch_fma<R: Runtime>(
     accumulate: bool,
     skip_zero: u32,
 ) -> Result<(), KernelError> {
-    for (row, rows) in launch_chunks(client, 0, m, FMA_BM) {
-        for (col, cols) in launch_chunks(client, 1, n, FMA_BN) {
-            let block = ops.block(row, col)?;
-            launch_fma_grid(client, &block, [rows, k, cols], accumulate, skip_zero)?;
-        }
-    }
-    Ok(())
+    ops.for_blocks(client, [m, n], [FMA_BM, FMA_BN], |block, rows, cols| {
+        launch_fma_grid(client, block, [rows, k, cols], accumulate, skip_zero)
+    })
 }
 
 /// One launch of the FMA kernel.

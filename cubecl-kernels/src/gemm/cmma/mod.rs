@@ -37,7 +37,7 @@ use crate::consts::{CMMA_FRAG, CMMA_TILE, CMMA_VECTOR, CmmaTile};
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, Mat, gemm_scalars};
 use crate::gemm::view::StridedView;
-use crate::util::{check_grid, launch_chunks, raw_arg};
+use crate::util::{check_grid, raw_arg};
 use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind, StorageType};
 use cubecl::prelude::*;
@@ -188,13 +188,12 @@ pub(crate) fn launch_cmma<R: Runtime>(
     choice: &CmmaChoice,
     accumulate: bool,
 ) -> Result<(), KernelError> {
-    for (row, rows) in launch_chunks(client, 0, m, CMMA_FRAG) {
-        for (col, cols) in launch_chunks(client, 1, n, CMMA_FRAG) {
-            let block = ops.block(row, col)?;
-            launch_cmma_grid(client, &block, [rows, k, cols], choice, accumulate)?;
-        }
-    }
-    Ok(())
+    ops.for_blocks(
+        client,
+        [m, n],
+        [CMMA_FRAG, CMMA_FRAG],
+        |block, rows, cols| launch_cmma_grid(client, block, [rows, k, cols], choice, accumulate),
+    )
 }
 
 /// One launch of the cmma kernel.
