@@ -345,7 +345,7 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
 /// The registry's choice for `problem`. Where the preferred implementation refuses these sizes
 /// for a reason other than the number of rows (Sm90 and D = 0), the next available one that
 /// takes them runs instead. A forced implementation that refuses them is an error.
-fn implementation_for_problem<B: InvariantBackend>(
+pub(crate) fn implementation_for_problem<B: InvariantBackend>(
     op: Op,
     device: &B::Device,
     dtype: DType,
@@ -360,6 +360,21 @@ fn implementation_for_problem<B: InvariantBackend>(
     let one_row = match problem {
         Problem::Matmul { k, n, .. } => Problem::Matmul { m: 1, k, n },
         Problem::LinearLogp { d, v, .. } => Problem::LinearLogp { n: 1, d, v },
+        Problem::Attention {
+            heads,
+            kv_heads,
+            kv_len,
+            head_dim,
+            ..
+        } => Problem::Attention {
+            batch: 1,
+            heads,
+            kv_heads,
+            q_len: 1,
+            kv_len,
+            head_dim,
+        },
+        Problem::RmsNorm { d, .. } => Problem::RmsNorm { n: 1, d },
     };
     if forced_implementation()?.is_some()
         || B::check_problem(chosen, device, dtype, one_row).is_ok()

@@ -13,6 +13,8 @@ use burn::tensor::{
 
 use crate::InvariantError;
 use crate::backends::generic;
+use crate::ops::attention::AttentionOps;
+use crate::ops::rms_norm::RmsNormOps;
 use crate::registry::{Candidate, Implementation, Op};
 
 /// The sizes of one call, for [`InvariantBackend::check_problem`].
@@ -35,6 +37,28 @@ pub enum Problem {
         d: usize,
         /// Vocabulary size.
         v: usize,
+    },
+    /// `query [batch, heads, q_len, head_dim]`, `key`/`value [batch, kv_heads, kv_len, head_dim]`.
+    Attention {
+        /// Rows.
+        batch: usize,
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+        /// Queries per row.
+        q_len: usize,
+        /// Keys per row.
+        kv_len: usize,
+        /// Head size.
+        head_dim: usize,
+    },
+    /// `x [n, d]`, `gamma [d]`.
+    RmsNorm {
+        /// Rows.
+        n: usize,
+        /// Normalized size.
+        d: usize,
     },
 }
 
@@ -122,7 +146,7 @@ pub struct LinearLogpGrads<B: Backend> {
 /// Contract of every implementation (docs/CONTRACT.md, *Invariance*): f32 accumulation, a reduction order fixed by
 /// `(dtype, K, N, device)` and never by the number of rows, no split-K, no autotune, no float
 /// atomics, and no `[N, V]` logits for `linear_logp`.
-pub trait InvariantBackend: Backend {
+pub trait InvariantBackend: Backend + AttentionOps + RmsNormOps {
     /// The implementations this backend offers for `op` on `device` with inputs of `dtype`,
     /// most preferred first, each saying whether it can run.
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate>;

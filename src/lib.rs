@@ -6,6 +6,7 @@ pub mod backend;
 mod backends;
 mod error;
 pub mod nn;
+pub mod ops;
 pub mod registry;
 pub mod tp;
 mod validate;
@@ -17,4 +18,6 @@ pub use api::{
 pub use backend::InvariantBackend;
 pub use backends::ndarray::oracle;
 pub use error::InvariantError;
+pub use ops::attention::{AttentionOptions, attention};
+pub use ops::rms_norm::rms_norm;
 pub use validate::INDEX_LIMIT;

@@ -1,9 +1,15 @@
-//! `InvariantLinear`: a drop-in for `burn::nn::Linear` whose forward (and backward) is the
-//! batch-invariant [`crate::linear`].
+//! Modules: `InvariantLinear`, a drop-in for `burn::nn::Linear` whose forward (and backward) is
+//! the batch-invariant [`crate::linear`]; [`InvariantRmsNorm`], a drop-in for
+//! `burn::nn::RmsNorm`; and [`InvariantAttention`] with its [`KvCache`].
+mod attention;
+mod rms_norm;
+
+pub use attention::{InvariantAttention, InvariantAttentionConfig, KvCache, RopeTables};
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Linear, LinearConfig, LinearLayout};
 use burn::tensor::Tensor;
+pub use rms_norm::{InvariantRmsNorm, InvariantRmsNormConfig};
 
 use crate::{InvariantBackend, InvariantError};
 

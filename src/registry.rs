@@ -50,6 +50,10 @@ pub enum Op {
     Matmul,
     /// `linear_logp` forward and backward.
     LinearLogp,
+    /// `attention` forward and backward.
+    Attention,
+    /// `rms_norm` forward and backward.
+    RmsNorm,
 }
 
 /// One implementation a backend offers for an (op, device, dtype), and whether it can run.

@@ -131,3 +131,29 @@ pub(crate) fn targets_in_range<B: Backend>(
         }),
     }
 }
+
+/// One host read of a lengths tensor (`kv_lens`); every value in `[0, max]`.
+pub(crate) fn lengths_in_range<B: Backend>(
+    lengths: &Tensor<B, 1, Int>,
+    arg: &'static str,
+    max: usize,
+) -> Result<(), InvariantError> {
+    let data = lengths
+        .clone()
+        .try_into_data()
+        .map_err(|e| InvariantError::Read {
+            arg,
+            reason: format!("{e:?}"),
+        })?;
+    match data
+        .iter::<i64>()
+        .enumerate()
+        .find(|&(_, l)| l < 0 || l as u64 > max as u64)
+    {
+        None => Ok(()),
+        Some((index, value)) => Err(InvariantError::InvalidArgument {
+            arg,
+            reason: format!("every length must be in [0, {max}]; element {index} is {value}"),
+        }),
+    }
+}

@@ -1,6 +1,6 @@
 #![allow(unused_macros)] // the shared test module's suite macro is not used here
-//! Random valid and invalid calls of the public API (`matmul`, `linear`, `linear_logp_full` and
-//! its backward) must return `Ok` or an `Err`, never panic: shapes with zeros, targets of every
+//! Random valid and invalid calls of the public API (`matmul`, `linear`, `linear_logp_full`,
+//! `attention`, `rms_norm` and their backward) must return `Ok` or an `Err`, never panic: shapes with zeros, targets of every
 //! integer dtype the backend holds, NaN/Inf inputs, targets out of range, mismatched dtypes and
 //! shapes, `ignore_index` and `skip_target_check` on and off, valid and invalid temperatures,
 //! entropy on and off. 500 calls per backend (NdArray,
@@ -81,7 +81,17 @@ fn drive<B: AutodiffBackend + InvariantBackend>(
         let bias = (rng.below(2) == 0)
             .then(|| float::<B, 1>(values(&mut rng, v), [v], device, dtype).require_grad());
         let what = format!("call {call}: {dtype:?}/{other:?} n={n} d={d} v={v} misfit={misfit}");
-        let result = match rng.below(3) {
+        let result = match rng.below(5) {
+            3 => attention_call::<B>(&mut rng, device, dtype, other, misfit),
+            4 => {
+                let gamma =
+                    float::<B, 1>(values(&mut rng, d + misfit), [d + misfit], device, other)
+                        .require_grad();
+                let eps = [1e-5, 0.0, -1.0, f64::NAN][rng.below(4)];
+                catch_unwind(AssertUnwindSafe(|| {
+                    burn_invariant::rms_norm(hidden.clone(), gamma, eps).map(backward_if_any)
+                }))
+            }
             0 => {
                 let rhs = weight.clone().transpose();
                 catch_unwind(AssertUnwindSafe(|| {
@@ -147,6 +157,57 @@ fn drive<B: AutodiffBackend + InvariantBackend>(
         }
     }
     (panics, outcomes)
+}
+
+/// One random `attention` call (and its backward): GQA head counts that divide or not,
+/// `kv_lens` in and out of range or of the wrong length, causal or not, odd scales.
+fn attention_call<B: AutodiffBackend + InvariantBackend>(
+    rng: &mut Rng,
+    device: &B::Device,
+    dtype: DType,
+    other: DType,
+    misfit: usize,
+) -> std::thread::Result<Result<(), burn_invariant::InvariantError>> {
+    let (batch, kv_heads) = (rng.below(3), 1 + rng.below(2));
+    let heads = kv_heads * (1 + rng.below(3)) + misfit;
+    let (q_len, kv_len, head_dim) = (rng.below(9), rng.below(80), rng.below(20));
+    let q_shape = [batch, heads, q_len, head_dim];
+    let kv_shape = [batch, kv_heads, kv_len, head_dim];
+    let query = float::<B, 4>(
+        values(rng, q_shape.iter().product()),
+        q_shape,
+        device,
+        dtype,
+    )
+    .require_grad();
+    let key = float::<B, 4>(
+        values(rng, kv_shape.iter().product()),
+        kv_shape,
+        device,
+        other,
+    )
+    .require_grad();
+    let value = float::<B, 4>(
+        values(rng, kv_shape.iter().product()),
+        kv_shape,
+        device,
+        dtype,
+    )
+    .require_grad();
+    let kv_lens = (rng.below(2) == 0).then(|| {
+        let rows = batch + usize::from(rng.below(10) == 0);
+        let lens = (0..rows)
+            .map(|_| rng.below(kv_len + 2) as i64 - i64::from(rng.below(10) == 0))
+            .collect();
+        ints::<B>(lens, device)
+    });
+    let mut options = burn_invariant::AttentionOptions::default().with_causal(rng.below(2) == 0);
+    if rng.below(4) == 0 {
+        options = options.with_scale([0.5, f64::NAN, f64::INFINITY, 1e300][rng.below(4)]);
+    }
+    catch_unwind(AssertUnwindSafe(|| {
+        burn_invariant::attention(query, key, value, kv_lens, &options).map(backward_if_any)
+    }))
 }
 
 fn check<B: AutodiffBackend + InvariantBackend>(

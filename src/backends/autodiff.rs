@@ -24,7 +24,7 @@ use crate::backend::{
 use crate::registry::{Candidate, Implementation, Op};
 
 /// Registers the computed gradients of the parents that are tracked.
-fn register_grads<B: InvariantBackend>(
+pub(crate) fn register_grads<B: InvariantBackend>(
     grads: &mut Gradients,
     parents: impl IntoIterator<Item = Option<NodeId>>,
     computed: impl IntoIterator<Item = Option<FloatTensor<B>>>,

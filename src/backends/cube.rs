@@ -10,7 +10,7 @@ use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, kernel::into_contiguous,
     tensor::CubeTensor,
 };
-use burn_invariant_cubecl::{KernelError, gemm, logp, tp as tp_kernels, util};
+use burn_invariant_cubecl::{KernelError, attention, gemm, logp, rms_norm, tp as tp_kernels, util};
 
 use super::alloc::{empty, zeros};
 #[cfg(feature = "cuda")]
@@ -61,7 +61,7 @@ fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R> {
 /// Kernel launches only fail on inputs the public API has already rejected: dtypes and shapes
 /// (`api`), sizes (`cubecl_limits` through `check_problem`), 32-bit addressing (`addressable`),
 /// grids (the kernels split launches to the runtime's cube count). A failure here is a bug.
-fn launched<T>(result: Result<T, KernelError>) -> T {
+pub(crate) fn launched<T>(result: Result<T, KernelError>) -> T {
     result.unwrap_or_else(|err| panic!("burn-invariant: a validated launch was refused: {err}"))
 }
 
@@ -73,20 +73,47 @@ fn cubecl_limits<R: CubeRuntime>(
     dtype: DType,
     problem: Problem,
 ) -> Result<(), InvariantError> {
-    let Problem::LinearLogp { n, d, v } = problem else {
-        return Ok(());
-    };
     if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Ok(());
     }
     let client = R::client(device);
+    let checked = match problem {
+        Problem::Matmul { .. } => return Ok(()),
+        Problem::LinearLogp { n, d, v } => {
+            logp::linear_logp_limits(&client, [n, d, v], dtype.into(), true)
+        }
+        Problem::Attention {
+            batch,
+            heads,
+            kv_heads,
+            q_len,
+            kv_len,
+            head_dim,
+        } => attention::attention_limits(
+            &client,
+            attention::AttentionDims {
+                batch,
+                heads,
+                kv_heads,
+                q_len,
+                kv_len,
+                head_dim,
+            },
+        ),
+        Problem::RmsNorm { n, d } => rms_norm::rms_norm_limits(&client, n, d),
+    };
+    checked.map_err(|err| kernel_limit(err, problem))
+}
+
+/// A kernel's refusal of a problem as the caller's error.
+pub(crate) fn kernel_limit(err: KernelError, problem: Problem) -> InvariantError {
     let too_large = |arg, what, got: u128, limit: u128| InvariantError::TooLarge {
         arg,
         what,
         got: got.min(u64::MAX as u128) as u64,
         limit: limit.min(u64::MAX as u128) as u64,
     };
-    logp::linear_logp_limits(&client, [n, d, v], dtype.into(), true).map_err(|err| match err {
+    match err {
         KernelError::IndexOverflow {
             arg,
             what,
@@ -104,13 +131,13 @@ fn cubecl_limits<R: CubeRuntime>(
             problem,
             reason: other.to_string(),
         },
-    })
+    }
 }
 
 /// `t`, copied to a contiguous buffer where its buffer or the span its strides address passes
 /// the kernels' 32-bit offsets (a column slice of a wide tensor); its own element count fits
 /// (`api` checks it), so the copy does.
-fn addressable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+pub(crate) fn addressable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let limit = burn_invariant_cubecl::consts::MAX_INDEX;
     let (shape, strides) = (t.meta.shape(), t.meta.strides());
     let span = if shape.contains(&0) {
@@ -164,8 +191,18 @@ pub(crate) fn matmul<R: CubeRuntime>(
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantBackend
     for CubeBackend<R, F, I, BT>
 {
-    fn implementations(_op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
+    fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
         let cubecl = cubecl_candidate::<R>(device, dtype);
+        if matches!(op, Op::Attention | Op::RmsNorm) {
+            // No raw SM90 kernels for these ops: Hopper runs the CubeCL ones.
+            return vec![
+                cubecl,
+                Candidate::unavailable(
+                    Implementation::Sm90,
+                    format!("{op:?} has no Sm90 kernels; it runs on CubeCl on every CUDA device"),
+                ),
+            ];
+        }
         #[cfg(feature = "cuda")]
         {
             let sm90 = sm90::candidate::<R>(device, dtype);

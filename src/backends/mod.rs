@@ -10,6 +10,8 @@ pub(crate) mod cube;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 #[cfg(feature = "cubecl")]
+pub(crate) mod custom_op;
+#[cfg(feature = "cubecl")]
 mod fusion;
 pub(crate) mod generic;
 pub(crate) mod ndarray;

@@ -5,6 +5,7 @@
 //! f64 computation on the values actually stored on the device, with dtype-aware tolerances.
 #![allow(dead_code)]
 
+pub mod ops;
 pub mod ranks;
 pub mod rl_head;
 pub mod tp_problem;
@@ -1164,6 +1165,85 @@ macro_rules! invariant_testsuite {
             for &dtype in DTYPES {
                 common::logp_backward_invariance::<$autodiff>(&device, dtype);
             }
+        }
+
+        #[test]
+        #[serial]
+        fn attention_values_vs_f64() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::attention_values::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn attention_decode_equals_prefill() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::attention_decode_equals_prefill::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn attention_batch_invariance() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::attention_batch_invariance::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn attention_gradients_vs_f64() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::attention_gradients::<$autodiff>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn attention_backward_invariance() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::attention_backward_invariance::<$autodiff>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn attention_bad_input() {
+            let Some(device) = device() else { return };
+            common::ops::attention_bad_input::<$backend>(&device, DTYPES[0]);
+            common::ops::attention_bad_input::<$autodiff>(&device, DTYPES[0]);
+        }
+
+        #[test]
+        #[serial]
+        fn rms_norm_values_and_row_invariance() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::rms_norm_values::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn rms_norm_gradients_and_padding() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::rms_norm_gradients::<$autodiff>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn rms_norm_bad_input() {
+            let Some(device) = device() else { return };
+            common::ops::rms_norm_bad_input::<$backend>(&device, DTYPES[0]);
+            common::ops::rms_norm_bad_input::<$autodiff>(&device, DTYPES[0]);
         }
 
         #[test]

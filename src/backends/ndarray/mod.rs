@@ -15,13 +15,13 @@ use crate::registry::{Candidate, Implementation, Op};
 use oracle::{LogpProblem, MatRef};
 
 /// Host copy of a float tensor in f32, with its shape and original dtype.
-struct HostFloat {
-    data: Vec<f32>,
-    shape: Vec<usize>,
-    dtype: DType,
+pub(crate) struct HostFloat {
+    pub(crate) data: Vec<f32>,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
 }
 
-fn host_float(tensor: &NdArrayTensor) -> HostFloat {
+pub(crate) fn host_float(tensor: &NdArrayTensor) -> HostFloat {
     let dtype = tensor.dtype();
     let shape = tensor.shape().to_vec();
     // `view().iter()` walks logical row-major order whatever the strides.
@@ -36,7 +36,7 @@ fn host_float(tensor: &NdArrayTensor) -> HostFloat {
     HostFloat { data, shape, dtype }
 }
 
-fn host_int(tensor: &NdArrayTensor) -> Vec<i64> {
+pub(crate) fn host_int(tensor: &NdArrayTensor) -> Vec<i64> {
     match tensor {
         NdArrayTensor::I64(s) => s.view().iter().copied().collect(),
         NdArrayTensor::I32(s) => s.view().iter().map(|v| *v as i64).collect(),
@@ -54,11 +54,11 @@ fn host_int(tensor: &NdArrayTensor) -> Vec<i64> {
     }
 }
 
-fn device_tensor(data: Vec<f32>, shape: Vec<usize>, dtype: DType) -> NdArrayTensor {
+pub(crate) fn device_tensor(data: Vec<f32>, shape: Vec<usize>, dtype: DType) -> NdArrayTensor {
     NdArrayTensor::from_data(TensorData::new(data, shape).convert_dtype(dtype))
 }
 
-fn reference_candidates(dtype: DType) -> Vec<Candidate> {
+pub(crate) fn reference_candidates(dtype: DType) -> Vec<Candidate> {
     match dtype {
         DType::F32 | DType::F64 => vec![Candidate::available(Implementation::Reference)],
         other => vec![Candidate::unavailable(

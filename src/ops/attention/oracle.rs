@@ -57,7 +57,9 @@ impl AttentionShape {
 
 /// `fma`-chain dot product from +0.0, ascending.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0.0f32, |acc, (&x, &y)| x.mul_add(y, acc))
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |acc, (&x, &y)| x.mul_add(y, acc))
 }
 
 /// `q'_d = q_d · scale`.
@@ -66,7 +68,14 @@ fn scaled(q: &[f32], scale: f32) -> Vec<f32> {
 }
 
 /// One query's forward: `out` (f32, before the dtype rounding) and `lse`.
-fn forward_row(q: &[f32], k: &[f32], v: &[f32], visible: usize, scale: f32, out: &mut [f32]) -> f32 {
+fn forward_row(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    visible: usize,
+    scale: f32,
+    out: &mut [f32],
+) -> f32 {
     let d = q.len();
     let q = scaled(q, scale);
     let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
@@ -127,7 +136,14 @@ pub fn attention_forward(
             let kv = shape.kv_at(b, shape.kv_head(h), 0);
             let span = kv..kv + shape.kv_len * d;
             let q = &query[shape.q_at(b, h, i)..][..d];
-            *lse = forward_row(q, &key[span.clone()], &value[span], visible, shape.scale, out);
+            *lse = forward_row(
+                q,
+                &key[span.clone()],
+                &value[span],
+                visible,
+                shape.scale,
+                out,
+            );
         });
     (out, lse)
 }
@@ -175,24 +191,26 @@ pub fn attention_backward(
         })
         .collect();
     let mut dq = vec![0.0f32; query.len()];
-    dq.par_chunks_mut(d.max(1)).enumerate().for_each(|(row, dq)| {
-        let Some((visible, delta)) = active[row] else {
-            return;
-        };
-        let (bh, i) = (row / s.q_len, row % s.q_len);
-        let (b, h) = (bh / s.heads, bh % s.heads);
-        let q = scaled(&query[s.q_at(b, h, i)..][..d], s.scale);
-        let g = &saved.grad[row * d..][..d];
-        for j in 0..visible {
-            let at = s.kv_at(b, s.kv_head(h), j);
-            let (k, v) = (&key[at..at + d], &value[at..at + d]);
-            let (_, ds) = pair(&q, k, v, g, saved.lse[row], delta);
-            for (acc, &kj) in dq.iter_mut().zip(k) {
-                *acc = ds.mul_add(kj, *acc);
+    dq.par_chunks_mut(d.max(1))
+        .enumerate()
+        .for_each(|(row, dq)| {
+            let Some((visible, delta)) = active[row] else {
+                return;
+            };
+            let (bh, i) = (row / s.q_len, row % s.q_len);
+            let (b, h) = (bh / s.heads, bh % s.heads);
+            let q = scaled(&query[s.q_at(b, h, i)..][..d], s.scale);
+            let g = &saved.grad[row * d..][..d];
+            for j in 0..visible {
+                let at = s.kv_at(b, s.kv_head(h), j);
+                let (k, v) = (&key[at..at + d], &value[at..at + d]);
+                let (_, ds) = pair(&q, k, v, g, saved.lse[row], delta);
+                for (acc, &kj) in dq.iter_mut().zip(k) {
+                    *acc = ds.mul_add(kj, *acc);
+                }
             }
-        }
-        dq.iter_mut().for_each(|x| *x *= s.scale);
-    });
+            dq.iter_mut().for_each(|x| *x *= s.scale);
+        });
     let mut dk = vec![0.0f32; key.len()];
     let mut dv = vec![0.0f32; value.len()];
     let group = s.heads / s.kv_heads;

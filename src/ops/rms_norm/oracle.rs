@@ -36,14 +36,12 @@ pub fn rms_norm_forward(x: &[f32], gamma: &[f32], eps: f32) -> Vec<f32> {
     if d == 0 {
         return y;
     }
-    y.par_chunks_mut(d)
-        .zip(x.par_chunks(d))
-        .for_each(|(y, x)| {
-            let r = inv_rms(x, eps);
-            for ((dst, &xv), &g) in y.iter_mut().zip(x).zip(gamma) {
-                *dst = (xv * r) * g;
-            }
-        });
+    y.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(y, x)| {
+        let r = inv_rms(x, eps);
+        for ((dst, &xv), &g) in y.iter_mut().zip(x).zip(gamma) {
+            *dst = (xv * r) * g;
+        }
+    });
     y
 }
 

@@ -1,0 +1,101 @@
+//! `CubeCl` attention on every `CubeBackend` (the registry offers no Sm90 kernels for it): the
+//! FMA kernels of `burn_invariant_cubecl::attention`, outputs and workspace allocated on the
+//! inputs' stream.
+use burn::tensor::{
+    DType, IntDType,
+    ops::{FloatTensor, IntTensorOps},
+};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_invariant_cubecl::FloatDType;
+use burn_invariant_cubecl::attention::{self as kernels, AttentionGradRefs, AttentionRefs};
+
+use super::oracle::ATTENTION_KEY_BLOCK;
+use super::{AttentionGrads, AttentionInputs, AttentionOps, AttentionOutput};
+use crate::backends::alloc::{empty, zeros};
+use crate::backends::cube::{addressable, launched};
+use crate::registry::Implementation;
+
+// The Reference walks keys in the kernels' blocks: one constant, checked at compile time.
+const _: () = assert!(ATTENTION_KEY_BLOCK == kernels::ATTENTION_KEY_BLOCK);
+
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionOps
+    for CubeBackend<R, F, I, BT>
+{
+    fn invariant_attention(
+        inputs: AttentionInputs<Self>,
+        _implementation: Implementation,
+    ) -> AttentionOutput<Self> {
+        let q_shape = inputs.query.meta.shape().to_vec();
+        let out = empty(&inputs.query, q_shape.clone(), inputs.query.dtype);
+        let lse = empty(&inputs.query, q_shape[..3].to_vec(), DType::F32);
+        let (query, key, value) = (
+            addressable(inputs.query),
+            addressable(inputs.key),
+            addressable(inputs.value),
+        );
+        let kv_lens = Self::int_cast(inputs.kv_lens, IntDType::I32);
+        let refs = AttentionRefs {
+            query: &query.clone().binding(),
+            key: &key.binding(),
+            value: &value.binding(),
+            kv_lens: &kv_lens.binding(),
+            dtype: launched(FloatDType::from_storage("query", query.dtype.into())),
+            causal: inputs.causal,
+            scale: inputs.scale,
+        };
+        launched(kernels::attention_forward(
+            &query.client,
+            &refs,
+            &out.clone().binding(),
+            &lse.clone().binding(),
+        ));
+        AttentionOutput { out, lse }
+    }
+
+    fn invariant_attention_backward(
+        inputs: AttentionInputs<Self>,
+        saved: AttentionOutput<Self>,
+        grad: FloatTensor<Self>,
+        _implementation: Implementation,
+    ) -> AttentionGrads<Self> {
+        let q_shape = inputs.query.meta.shape().to_vec();
+        let kv_shape = inputs.key.meta.shape().to_vec();
+        let dtype = inputs.query.dtype;
+        let grad_query = empty(&inputs.query, q_shape.clone(), dtype);
+        let grad_key = empty(&inputs.query, kv_shape.clone(), dtype);
+        let grad_value = empty(&inputs.query, kv_shape, dtype);
+        let workspace_len =
+            kernels::attention_backward_workspace_len(q_shape[0], q_shape[1], q_shape[2]);
+        let workspace = zeros(&inputs.query, vec![workspace_len], DType::F32);
+        let (query, key, value) = (
+            addressable(inputs.query),
+            addressable(inputs.key),
+            addressable(inputs.value),
+        );
+        let kv_lens = Self::int_cast(inputs.kv_lens, IntDType::I32);
+        let refs = AttentionRefs {
+            query: &query.clone().binding(),
+            key: &key.binding(),
+            value: &value.binding(),
+            kv_lens: &kv_lens.binding(),
+            dtype: launched(FloatDType::from_storage("query", query.dtype.into())),
+            causal: inputs.causal,
+            scale: inputs.scale,
+        };
+        let grads = AttentionGradRefs {
+            out: &addressable(saved.out).binding(),
+            lse: &saved.lse.binding(),
+            grad_out: &addressable(grad).binding(),
+            grad_query: &grad_query.clone().binding(),
+            grad_key: &grad_key.clone().binding(),
+            grad_value: &grad_value.clone().binding(),
+            workspace: &workspace.binding(),
+        };
+        launched(kernels::attention_backward(&query.client, &refs, &grads));
+        AttentionGrads {
+            query: grad_query,
+            key: grad_key,
+            value: grad_value,
+        }
+    }
+}

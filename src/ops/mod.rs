@@ -1,0 +1,5 @@
+//! One room per op: each op's primitives trait, its types, its public function and its
+//! implementations (`reference`, `cube`, `fusion`, `autodiff`) in one folder.
+pub mod attention;
+pub(crate) mod math;
+pub mod rms_norm;
