@@ -199,3 +199,25 @@ impl CmmaTile {
 pub(crate) const fn stage_len(outer: usize, inner: usize) -> usize {
     outer * (inner + CMMA_PAD)
 }
+
+/// `rms_norm`: lanes of the per-row sums (`Σ x²`, `Σ g·x`). Lane `t` is an fma chain over
+/// `d = t, t + 256, …` ascending from +0.0; the lanes are combined by the fixed pairwise tree
+/// `lane[t] += lane[t + s]` for `s = 128, 64, …, 1`. One cube of this many units per row.
+pub const RMS_NORM_LANES: usize = 256;
+/// `rms_norm` backward: rows of one `dGamma` block (an fma chain over the block's rows per
+/// column; the block partials are then added in ascending block order).
+pub const RMS_NORM_ROW_BLOCK: usize = 256;
+/// `rms_norm`: elements each unit loads before it runs their fma steps (in the same order), so
+/// that loads overlap. Changes no bit.
+pub const RMS_NORM_BATCH: usize = 4;
+/// `rms_norm` backward: columns of one cube of the element-wise + `dGamma` kernel (one unit per
+/// column).
+pub const RMS_NORM_COL_TILE: usize = 64;
+/// `rms_norm` backward: rows each unit of the element-wise + `dGamma` kernel loads before it
+/// runs their steps (in row order). Changes no bit.
+pub const RMS_NORM_ROW_BATCH: usize = 8;
+/// `rms_norm` backward: bytes of `x` and `dy` per host-side row chunk (whole row blocks), so the
+/// element-wise pass re-reads what the statistics pass just read from L2 rather than DRAM.
+/// A performance knob only: every row and every row block is computed the same way whatever the
+/// chunking.
+pub const RMS_NORM_BWD_CHUNK_BYTES: usize = 16 << 20;

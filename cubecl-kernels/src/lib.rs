@@ -1,8 +1,8 @@
 //! # burn-invariant-cubecl
 //!
 //! Portable [CubeCL](https://github.com/tracel-ai/cubecl) kernels for `burn-invariant`:
-//! a batch-invariant deterministic GEMM and a fused linear log-probability (LM head, log-softmax
-//! and target gather) that never materializes `[N, V]` logits. Every launch function is generic
+//! a batch-invariant deterministic GEMM, a fused linear log-probability (LM head, log-softmax
+//! and target gather) that never materializes `[N, V]` logits, and RMS normalization. Every launch function is generic
 //! over `cubecl::Runtime` (CUDA, HIP, wgpu/Vulkan/Metal/WebGPU) and has no Burn dependency: the
 //! caller passes `TensorBinding`s (burn-cubecl's `CubeTensor::binding()`), allocates the outputs
 //! and the workspaces (sizes from the `*_workspace_len` functions), and gets a `Result`.
@@ -59,12 +59,23 @@
 //!   `logp = 0`, `lse` normal, no `g_logp` gradient. A non-ignored target outside `[0, V)` gives
 //!   `logp = NaN` and never an out-of-bounds access.
 //!
+//! ### RMS norm ([`rms_norm_forward`], [`rms_norm_backward`])
+//! * Per row, in f32: `ss` = 256 lanes (lane `t` an fma chain over `d = t, t + 256, …` ascending
+//!   from +0.0) combined by the pairwise tree `lane[t] += lane[t + s]`, `s = 128, …, 1`;
+//!   `r = 1 / sqrt(ss / D + eps)` (true division and square root); `y = (x·r)·gamma`, rounded once.
+//! * Backward: `g = dy·gamma`, `c = ((r·r)·r)·dot / D` (`dot` the same lane tree over `g·x`),
+//!   `dx = fma(−x, c, r·g)`; `dGamma` per column: fma chains of `dy·(x·r)` over blocks of 256 rows
+//!   ascending (terms with `dy = 0` skipped), block partials added in ascending order (zero
+//!   partials skipped). Bitwise the Reference in f32; f16/bf16 run the same f32 math on upcast
+//!   values. `y`, `dx` are row-invariant; `dGamma` ignores appended zero-gradient rows.
+//!
 //! All tile sizes are in [`consts`].
 
 pub mod consts;
 pub mod error;
 pub mod gemm;
 pub mod logp;
+pub mod rms_norm;
 pub mod tp;
 pub mod util;
 
@@ -78,5 +89,9 @@ pub use logp::{
     LogpGradRefs, LogpInputRefs, linear_logp_backward, linear_logp_backward_workspace_len,
     linear_logp_forward, linear_logp_forward_max_rows, linear_logp_forward_workspace_len,
     linear_logp_limits, linear_logp_num_segments, linear_logp_tensor_cores,
+};
+pub use rms_norm::{
+    RMS_NORM_LANES, RMS_NORM_ROW_BLOCK, RmsNormGradRefs, RmsNormRefs, rms_norm_backward,
+    rms_norm_backward_workspace_len, rms_norm_forward, rms_norm_limits,
 };
 pub use util::{FloatDType, IndexDType, runtime_supports};
