@@ -69,8 +69,19 @@
 //!   partials skipped). Bitwise the Reference in f32; f16/bf16 run the same f32 math on upcast
 //!   values. `y`, `dx` are row-invariant; `dGamma` ignores appended zero-gradient rows.
 //!
-//! All tile sizes are in [`consts`].
+//! ### Attention ([`attention`]: [`attention::attention_forward`], [`attention::attention_backward`])
+//! * Softmax attention with GQA, `kv_lens` and causal masking, f32 / f16 / bf16, any strides,
+//!   on the FMA path for every dtype: the contract's f32 operations element for element (keys in
+//!   blocks of 64 from key 0, `exp_p` / `ln_p` ([`attention::math`]), every product that feeds a
+//!   sum an explicit `fma`), so f32 results equal the Reference bitwise and f16 / bf16 the same
+//!   arithmetic on the upcast inputs with one rounding. Tiles never change a bit: decode =
+//!   prefill = chunked prefill = a row alone or in a ragged batch. The backward skips query rows
+//!   whose upstream gradient is all zero; `dKey` / `dValue` reduce heads of the group, then
+//!   queries, ascending, without atomics.
+//!
+//! All tile sizes are in [`consts`] (attention's own in `attention`).
 
+pub mod attention;
 pub mod consts;
 pub mod error;
 pub mod gemm;

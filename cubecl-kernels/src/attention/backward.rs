@@ -1,0 +1,639 @@
+//! The backward: the δ kernel (per query row), the dQ kernel (tiles of query rows, keys
+//! ascending) and the dK/dV kernel (tiles of keys, query rows of the group ascending).
+
+use super::forward::query_rows;
+use super::inputs::{Checked, Layouts, check_inputs};
+use super::math::exp_p;
+use super::tile::{
+    AttnCfg, AttnParams, DC, DKV_PAD, DKV_ROWS, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, SCALE_B,
+    SCALE_NONE, STAGE_LEN, THREADS, UNITS, dot_tile, kv_len_of, load_chunk, visible,
+};
+use super::{AttentionGradRefs, AttentionRefs, attention_backward_workspace_len};
+use crate::error::KernelError;
+use crate::gemm::fma::fma_f32;
+use crate::util::{check_out_view, check_view, expect_shape, launch_chunks, raw_arg};
+use cubecl::prelude::*;
+
+/// Backward: `grad_query`, `grad_key`, `grad_value` (the inputs' dtype, every element written).
+///
+/// Per query row `δ = fma-chain over d of f32(dO_d)·f32(out_d)`; rows with a negative position
+/// or an all-zero `dO` row take no part (zero `dQ`, nothing added to `dK`/`dV`, NaN in them
+/// included). For each visible key `p = exp_p(s_j − lse)`, `dp = fma-chain of f32(dO)·f32(v_j)`,
+/// `ds = p·(dp − δ)`; `dq = (fma-chain over keys ascending of ds·f32(k_j))·scale`;
+/// `dv_j = fma-chain of p·f32(dO)`, `dk_j = fma-chain of ds·q'` over the group's query heads
+/// ascending, then queries ascending. Each rounded once. No atomics.
+pub fn attention_backward<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    grads: &AttentionGradRefs<'_, R>,
+) -> Result<(), KernelError> {
+    let c = check_inputs(client, inputs)?;
+    let d = c.dims;
+    let es = c.dt.size();
+    let q_shape = [d.batch, d.heads, d.q_len, d.head_dim];
+    let kv_shape = [d.batch, d.kv_heads, d.kv_len, d.head_dim];
+    let ov = check_view("out", grads.out, 4, es)?;
+    expect_shape("out", &ov, &q_shape)?;
+    let lv = check_view("lse", grads.lse, 3, 4)?;
+    expect_shape("lse", &lv, &[d.batch, d.heads, d.q_len])?;
+    let gov = check_view("grad_out", grads.grad_out, 4, es)?;
+    expect_shape("grad_out", &gov, &q_shape)?;
+    let gqv = check_out_view("grad_query", grads.grad_query, 4, es)?;
+    expect_shape("grad_query", &gqv, &q_shape)?;
+    let gkv = check_out_view("grad_key", grads.grad_key, 4, es)?;
+    expect_shape("grad_key", &gkv, &kv_shape)?;
+    let gvv = check_out_view("grad_value", grads.grad_value, 4, es)?;
+    expect_shape("grad_value", &gvv, &kv_shape)?;
+    let rows = d.batch * d.heads * d.q_len;
+    let ws_len = attention_backward_workspace_len(d.batch, d.heads, d.q_len);
+    let wv = check_out_view("workspace", grads.workspace, 1, 4)?;
+    if wv.dim(0) < ws_len {
+        return Err(KernelError::BufferTooSmall {
+            arg: "workspace",
+            needed: ws_len,
+            got: wv.dim(0),
+        });
+    }
+    if ws_len > 0 && wv.stride(0) != 1 {
+        return Err(KernelError::Layout {
+            arg: "workspace",
+            reason: format!("must be contiguous (stride 1), got stride {}", wv.stride(0)),
+        });
+    }
+    if d.head_dim == 0 {
+        return Ok(()); // no gradient element exists
+    }
+    let layouts = Layouts {
+        o: Some(&ov),
+        go: Some(&gov),
+        gq: Some(&gqv),
+        gk: Some(&gkv),
+        gv: Some(&gvv),
+        lse: Some(&lv),
+        ..c.layouts()
+    };
+    if rows > 0 {
+        launch_delta(client, inputs, grads, &c, &layouts)?;
+        launch_dq(client, inputs, grads, &c, &layouts)?;
+    }
+    launch_dkv(client, inputs, grads, &c, &layouts)
+}
+
+fn launch_delta<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    grads: &AttentionGradRefs<'_, R>,
+    c: &Checked,
+    layouts: &Layouts<'_>,
+) -> Result<(), KernelError> {
+    let rows = c.dims.batch * c.dims.heads * c.dims.q_len;
+    let cfg = c.cfg(client, 1);
+    for (start, len) in launch_chunks(client, 0, rows, THREADS) {
+        unsafe {
+            attention_delta_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(len.div_ceil(THREADS) as u32, 1, 1),
+                CubeDim::new_1d(THREADS as u32),
+                raw_arg(grads.out),
+                raw_arg(grads.grad_out),
+                raw_arg(grads.lse),
+                raw_arg(inputs.kv_lens),
+                raw_arg(grads.workspace),
+                layouts.params(c, start),
+                cfg,
+                c.dt.storage(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn launch_dq<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    grads: &AttentionGradRefs<'_, R>,
+    c: &Checked,
+    layouts: &Layouts<'_>,
+) -> Result<(), KernelError> {
+    let cfg = c.cfg(client, query_rows(c));
+    let tiles = (c.dims.group() * c.dims.q_len).div_ceil(UNITS * cfg.rows);
+    let cubes = c.dims.batch * c.dims.kv_heads * tiles;
+    for (start, len) in launch_chunks(client, 0, cubes, 1) {
+        unsafe {
+            attention_dq_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(len as u32, 1, 1),
+                CubeDim::new_2d(UNITS as u32, UNITS as u32),
+                raw_arg(inputs.query),
+                raw_arg(inputs.key),
+                raw_arg(inputs.value),
+                raw_arg(grads.grad_out),
+                raw_arg(grads.workspace),
+                raw_arg(grads.grad_query),
+                layouts.params(c, start),
+                cfg,
+                c.dt.storage(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn launch_dkv<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    grads: &AttentionGradRefs<'_, R>,
+    c: &Checked,
+    layouts: &Layouts<'_>,
+) -> Result<(), KernelError> {
+    // 64 keys per cube, 32 where the accumulators of a large head would not fit in registers.
+    let rows = if c.dims.head_dim > 128 { 2 } else { 4 };
+    let cfg = c.cfg(client, rows);
+    let tiles = c.dims.kv_len.div_ceil(UNITS * rows);
+    let cubes = c.dims.batch * c.dims.kv_heads * tiles;
+    for (start, len) in launch_chunks(client, 0, cubes, 1) {
+        unsafe {
+            attention_dkv_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(len as u32, 1, 1),
+                CubeDim::new_2d(UNITS as u32, UNITS as u32),
+                raw_arg(inputs.query),
+                raw_arg(inputs.key),
+                raw_arg(inputs.value),
+                raw_arg(grads.grad_out),
+                raw_arg(grads.workspace),
+                raw_arg(grads.grad_key),
+                raw_arg(grads.grad_value),
+                layouts.params(c, start),
+                cfg,
+                c.dt.storage(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One unit per query row (dense index `(b·H + h)·Q + i`): `ws[3·row] = bits(δ)`,
+/// `ws[3·row + 1]` = the row's visible keys where it takes part (position ≥ 0 and `dO` not all
+/// zero), else 0, `ws[3·row + 2] = bits(lse)`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
+pub(crate) fn attention_delta_kernel<F: Float>(
+    out: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    lse: &Tensor<f32>,
+    kv_lens: &Tensor<i32>,
+    ws: &mut Tensor<u32>,
+    p: AttnParams,
+    #[comptime] cfg: AttnCfg,
+    #[define(F)] _dtype: StorageType,
+) {
+    let d = comptime![cfg.d];
+    let q_len = p.q_len as usize;
+    let heads = p.heads as usize;
+    let rows = (p.batch * p.heads * p.q_len) as usize;
+    let row = p.offset as usize + CUBE_POS_X as usize * THREADS + UNIT_POS_X as usize;
+    if row < rows {
+        let i = row % q_len;
+        let bh = row / q_len;
+        let h = bh % heads;
+        let b = bh / heads;
+        let len = kv_len_of(kv_lens, b * p.lens as usize, p.kv_len);
+        let vis = visible(len, p.q_len, i, comptime![cfg.causal]);
+        let obase = b * p.o.b as usize + h * p.o.h as usize + i * p.o.s as usize;
+        let gbase = b * p.go.b as usize + h * p.go.h as usize + i * p.go.s as usize;
+        let mut delta = 0.0f32;
+        let mut any = false;
+        for dd in 0..d {
+            let g = f32::cast_from(grad_out[gbase + dd * p.go.d as usize]);
+            any = any || g != 0.0f32;
+            delta = fma_f32(
+                g,
+                f32::cast_from(out[obase + dd * p.o.d as usize]),
+                delta,
+                comptime![cfg.emulate],
+            );
+        }
+        let l = lse[b * p.lse.b as usize + h * p.lse.h as usize + i * p.lse.s as usize];
+        ws[3 * row] = u32::reinterpret(delta);
+        ws[3 * row + 1] = select(any, vis, 0u32);
+        ws[3 * row + 2] = u32::reinterpret(l);
+    }
+}
+
+/// Query-row state of a tile, from the workspace: visible keys (0: takes no part), `lse`, `δ`.
+#[cube]
+fn load_row_state(
+    ws: &Tensor<u32>,
+    row_base: usize,
+    r0: usize,
+    gq: usize,
+    vis_s: &mut SharedMemory<u32>,
+    lse_s: &mut SharedMemory<f32>,
+    del_s: &mut SharedMemory<f32>,
+    #[comptime] n: usize,
+) {
+    let tid = UNIT_POS_Y as usize * UNITS + UNIT_POS_X as usize;
+    if tid < n {
+        let r = r0 + tid;
+        let mut vis = 0u32;
+        let mut l = 0.0f32;
+        let mut del = 0.0f32;
+        if r < gq {
+            let at = 3 * (row_base + r);
+            del = f32::reinterpret(ws[at]);
+            vis = ws[at + 1];
+            l = f32::reinterpret(ws[at + 2]);
+        }
+        vis_s[tid] = vis;
+        lse_s[tid] = l;
+        del_s[tid] = del;
+    }
+}
+
+/// `dQ`: one cube per (batch row, KV head, tile of `16·rows` query rows of the group).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
+pub(crate) fn attention_dq_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    ws: &Tensor<u32>,
+    grad_query: &mut Tensor<F>,
+    p: AttnParams,
+    #[comptime] cfg: AttnCfg,
+    #[define(F)] _dtype: StorageType,
+) {
+    let d = comptime![cfg.d];
+    let ra = comptime![cfg.rows];
+    let emulate = comptime![cfg.emulate];
+    let br = comptime![UNITS * cfg.rows];
+    let nch = comptime![cfg.chunks()];
+    let ncol = comptime![cfg.cols()];
+    let unroll = comptime![!cfg.emulate];
+
+    let tx = UNIT_POS_X as usize;
+    let ty = UNIT_POS_Y as usize;
+    let q_len = p.q_len as usize;
+    let group = p.group as usize;
+    let kvh = p.kv_heads as usize;
+    let gq = group * q_len;
+    let tiles = gq.div_ceil(br);
+    let cube = p.offset as usize + CUBE_POS_X as usize;
+    let tile = cube % tiles;
+    let bkh = cube / tiles;
+    let b = bkh / kvh;
+    let kh = bkh % kvh;
+    let r0 = tile * br;
+    let row_base = (b * p.heads as usize + kh * group) * q_len;
+
+    let mut stage = SharedMemory::<f32>::new(STAGE_LEN);
+    let mut ss = SharedMemory::<f32>::new(br * S_PAD);
+    let mut vis_s = SharedMemory::<u32>::new(br);
+    let mut lse_s = SharedMemory::<f32>::new(br);
+    let mut del_s = SharedMemory::<f32>::new(br);
+    load_row_state(ws, row_base, r0, gq, &mut vis_s, &mut lse_s, &mut del_s, br);
+    sync_cube();
+    let mut max_vis = 0u32;
+    for rr in 0..br {
+        max_vis = max(max_vis, vis_s[rr]);
+    }
+    let max_vis = max_vis as usize;
+
+    let qsrc = RowSrc {
+        base: b * p.q.b as usize + kh * group * p.q.h as usize,
+        first: r0,
+        limit: gq,
+        inner: q_len,
+        s_outer: p.q.h as usize,
+        s_inner: p.q.s as usize,
+        s_d: p.q.d as usize,
+    };
+    let gsrc = RowSrc {
+        base: b * p.go.b as usize + kh * group * p.go.h as usize,
+        first: r0,
+        limit: gq,
+        inner: q_len,
+        s_outer: p.go.h as usize,
+        s_inner: p.go.s as usize,
+        s_d: p.go.d as usize,
+    };
+    let kbase = b * p.k.b as usize + kh * p.k.h as usize;
+    let vbase = b * p.v.b as usize + kh * p.v.h as usize;
+
+    let mut dq = Array::<f32>::new(ra * ncol);
+    #[unroll]
+    for x in 0..ra * ncol {
+        dq[x] = 0.0f32;
+    }
+    let mut s = Array::<f32>::new(ra * 4);
+    let mut dp = Array::<f32>::new(ra * 4);
+
+    let nblocks = max_vis.div_ceil(KEY_BLOCK);
+    for kb in 0..nblocks {
+        let j0 = kb * KEY_BLOCK;
+        let bend = min(j0 + KEY_BLOCK, max_vis);
+        let ksrc = RowSrc {
+            base: kbase,
+            first: j0,
+            limit: bend,
+            inner: bend,
+            s_outer: 0usize,
+            s_inner: p.k.s as usize,
+            s_d: p.k.d as usize,
+        };
+        let vsrc = RowSrc {
+            base: vbase,
+            first: j0,
+            limit: bend,
+            inner: bend,
+            s_outer: 0usize,
+            s_inner: p.v.s as usize,
+            s_d: p.v.d as usize,
+        };
+        dot_tile::<F>(
+            q, &qsrc, k, &ksrc, p.scale, &mut stage, &mut s, ra, 4usize, SCALE_A, d, emulate,
+        );
+        dot_tile::<F>(
+            grad_out, &gsrc, v, &vsrc, p.scale, &mut stage, &mut dp, ra, 4usize, SCALE_NONE, d,
+            emulate,
+        );
+        #[unroll]
+        for i in 0..ra {
+            let row = ty + i * UNITS;
+            #[unroll]
+            for c in 0..4usize {
+                let key = tx + c * UNITS;
+                if ((j0 + key) as u32) < vis_s[row] {
+                    let pr = exp_p(s[i * 4 + c] - lse_s[row], emulate);
+                    ss[row * S_PAD + key] = pr * (dp[i * 4 + c] - del_s[row]);
+                }
+            }
+        }
+        sync_cube();
+        let nk = bend - j0;
+        #[unroll(unroll)]
+        for ch in 0..nch {
+            load_chunk::<F>(
+                k,
+                &ksrc,
+                ch * DC,
+                p.scale,
+                &mut stage,
+                0usize,
+                KEY_BLOCK,
+                false,
+                d,
+            );
+            sync_cube();
+            for j in 0..nk {
+                let k0 = stage[j * DC + tx];
+                let k1 = stage[j * DC + tx + UNITS];
+                #[unroll]
+                for i in 0..ra {
+                    let row = ty + i * UNITS;
+                    if ((j0 + j) as u32) < vis_s[row] {
+                        let ds = ss[row * S_PAD + j];
+                        let x = i * ncol + ch * 2;
+                        dq[x] = fma_f32(ds, k0, dq[x], emulate);
+                        dq[x + 1] = fma_f32(ds, k1, dq[x + 1], emulate);
+                    }
+                }
+            }
+            sync_cube();
+        }
+    }
+
+    #[unroll]
+    for i in 0..ra {
+        let row = ty + i * UNITS;
+        let r = r0 + row;
+        if r < gq {
+            let h = kh * group + r / q_len;
+            let qi = r % q_len;
+            let base = b * p.gq.b as usize + h * p.gq.h as usize + qi * p.gq.s as usize;
+            let active = vis_s[row] > 0u32;
+            #[unroll(unroll)]
+            for ch in 0..nch {
+                #[unroll]
+                for c in 0..2usize {
+                    let col = ch * DC + tx + c * UNITS;
+                    if col < d {
+                        let val = select(active, dq[i * ncol + ch * 2 + c] * p.scale, 0.0f32);
+                        grad_query[base + col * p.gq.d as usize] = F::cast_from(val);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `dK`, `dV`: one cube per (batch row, KV head, tile of `16·rows` keys); the query rows of the
+/// group (`local_head·Q + i`) in steps of `DKV_ROWS`, ascending.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
+pub(crate) fn attention_dkv_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    grad_out: &Tensor<F>,
+    ws: &Tensor<u32>,
+    grad_key: &mut Tensor<F>,
+    grad_value: &mut Tensor<F>,
+    p: AttnParams,
+    #[comptime] cfg: AttnCfg,
+    #[define(F)] _dtype: StorageType,
+) {
+    let d = comptime![cfg.d];
+    let ra = comptime![cfg.rows];
+    let emulate = comptime![cfg.emulate];
+    let bk = comptime![UNITS * cfg.rows];
+    let nch = comptime![cfg.chunks()];
+    let ncol = comptime![cfg.cols()];
+    let unroll = comptime![!cfg.emulate];
+    let nq = comptime![DKV_ROWS / UNITS];
+
+    let tx = UNIT_POS_X as usize;
+    let ty = UNIT_POS_Y as usize;
+    let q_len = p.q_len as usize;
+    let group = p.group as usize;
+    let kvh = p.kv_heads as usize;
+    let kv = p.kv_len as usize;
+    let gq = group * q_len;
+    let tiles = kv.div_ceil(bk);
+    let cube = p.offset as usize + CUBE_POS_X as usize;
+    let tile = cube % tiles;
+    let bkh = cube / tiles;
+    let b = bkh / kvh;
+    let kh = bkh % kvh;
+    let k0 = tile * bk;
+    let row_base = (b * p.heads as usize + kh * group) * q_len;
+
+    let mut stage = SharedMemory::<f32>::new(STAGE_LEN);
+    let mut pt = SharedMemory::<f32>::new(bk * DKV_PAD);
+    let mut dst = SharedMemory::<f32>::new(bk * DKV_PAD);
+    let mut vis_s = SharedMemory::<u32>::new(DKV_ROWS);
+    let mut lse_s = SharedMemory::<f32>::new(DKV_ROWS);
+    let mut del_s = SharedMemory::<f32>::new(DKV_ROWS);
+
+    let mut dk = Array::<f32>::new(ra * ncol);
+    let mut dv = Array::<f32>::new(ra * ncol);
+    #[unroll]
+    for x in 0..ra * ncol {
+        dk[x] = 0.0f32;
+        dv[x] = 0.0f32;
+    }
+    let mut s = Array::<f32>::new(ra * nq);
+    let mut dp = Array::<f32>::new(ra * nq);
+
+    let kbase = b * p.k.b as usize + kh * p.k.h as usize;
+    let vbase = b * p.v.b as usize + kh * p.v.h as usize;
+    let qbase = b * p.q.b as usize + kh * group * p.q.h as usize;
+    let gbase = b * p.go.b as usize + kh * group * p.go.h as usize;
+
+    let steps = gq.div_ceil(DKV_ROWS);
+    for st in 0..steps {
+        let r0 = st * DKV_ROWS;
+        load_row_state(
+            ws, row_base, r0, gq, &mut vis_s, &mut lse_s, &mut del_s, DKV_ROWS,
+        );
+        sync_cube();
+        let mut tmax = 0u32;
+        for rr in 0..DKV_ROWS {
+            tmax = max(tmax, vis_s[rr]);
+        }
+        let tmax = tmax as usize;
+        // Uniform over the cube: skip steps whose rows see none of the tile's keys.
+        if tmax > k0 {
+            let klimit = min(k0 + bk, tmax);
+            let ksrc = RowSrc {
+                base: kbase,
+                first: k0,
+                limit: klimit,
+                inner: klimit,
+                s_outer: 0usize,
+                s_inner: p.k.s as usize,
+                s_d: p.k.d as usize,
+            };
+            let vsrc = RowSrc {
+                base: vbase,
+                first: k0,
+                limit: klimit,
+                inner: klimit,
+                s_outer: 0usize,
+                s_inner: p.v.s as usize,
+                s_d: p.v.d as usize,
+            };
+            let qsrc = RowSrc {
+                base: qbase,
+                first: r0,
+                limit: gq,
+                inner: q_len,
+                s_outer: p.q.h as usize,
+                s_inner: p.q.s as usize,
+                s_d: p.q.d as usize,
+            };
+            let gsrc = RowSrc {
+                base: gbase,
+                first: r0,
+                limit: gq,
+                inner: q_len,
+                s_outer: p.go.h as usize,
+                s_inner: p.go.s as usize,
+                s_d: p.go.d as usize,
+            };
+            dot_tile::<F>(
+                k, &ksrc, q, &qsrc, p.scale, &mut stage, &mut s, ra, nq, SCALE_B, d, emulate,
+            );
+            dot_tile::<F>(
+                v, &vsrc, grad_out, &gsrc, p.scale, &mut stage, &mut dp, ra, nq, SCALE_NONE, d,
+                emulate,
+            );
+            #[unroll]
+            for i in 0..ra {
+                let kr = ty + i * UNITS;
+                #[unroll]
+                for c in 0..nq {
+                    let rr = tx + c * UNITS;
+                    if ((k0 + kr) as u32) < vis_s[rr] {
+                        let pr = exp_p(s[i * nq + c] - lse_s[rr], emulate);
+                        pt[kr * DKV_PAD + rr] = pr;
+                        dst[kr * DKV_PAD + rr] = pr * (dp[i * nq + c] - del_s[rr]);
+                    }
+                }
+            }
+            sync_cube();
+            let nr = min(DKV_ROWS, gq - r0);
+            #[unroll(unroll)]
+            for ch in 0..nch {
+                load_chunk::<F>(
+                    grad_out,
+                    &gsrc,
+                    ch * DC,
+                    p.scale,
+                    &mut stage,
+                    0usize,
+                    DKV_ROWS,
+                    false,
+                    d,
+                );
+                load_chunk::<F>(
+                    q,
+                    &qsrc,
+                    ch * DC,
+                    p.scale,
+                    &mut stage,
+                    comptime![DKV_ROWS * DC],
+                    DKV_ROWS,
+                    true,
+                    d,
+                );
+                sync_cube();
+                for rr in 0..nr {
+                    let g0 = stage[rr * DC + tx];
+                    let g1 = stage[rr * DC + tx + UNITS];
+                    let q0 = stage[DKV_ROWS * DC + rr * DC + tx];
+                    let q1 = stage[DKV_ROWS * DC + rr * DC + tx + UNITS];
+                    let vr = vis_s[rr];
+                    #[unroll]
+                    for i in 0..ra {
+                        let kr = ty + i * UNITS;
+                        if ((k0 + kr) as u32) < vr {
+                            let pr = pt[kr * DKV_PAD + rr];
+                            let ds = dst[kr * DKV_PAD + rr];
+                            let x = i * ncol + ch * 2;
+                            dv[x] = fma_f32(pr, g0, dv[x], emulate);
+                            dv[x + 1] = fma_f32(pr, g1, dv[x + 1], emulate);
+                            dk[x] = fma_f32(ds, q0, dk[x], emulate);
+                            dk[x + 1] = fma_f32(ds, q1, dk[x + 1], emulate);
+                        }
+                    }
+                }
+                sync_cube();
+            }
+        }
+        sync_cube();
+    }
+
+    #[unroll]
+    for i in 0..ra {
+        let key = k0 + ty + i * UNITS;
+        if key < kv {
+            let kb = b * p.gk.b as usize + kh * p.gk.h as usize + key * p.gk.s as usize;
+            let vb = b * p.gv.b as usize + kh * p.gv.h as usize + key * p.gv.s as usize;
+            #[unroll(unroll)]
+            for ch in 0..nch {
+                #[unroll]
+                for c in 0..2usize {
+                    let col = ch * DC + tx + c * UNITS;
+                    if col < d {
+                        let x = i * ncol + ch * 2 + c;
+                        grad_key[kb + col * p.gk.d as usize] = F::cast_from(dk[x]);
+                        grad_value[vb + col * p.gv.d as usize] = F::cast_from(dv[x]);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The portable exponential and logarithm of the attention contract (docs/CONTRACT.md,
+//! *attention semantics*), step for step the Reference's `exp_p` / `ln_p`
+//! (`src/ops/math.rs`): only operations that every backend rounds the same way (`fma` through
+//! [`fma_f32`], `floor`, comparisons, exact power-of-two products), constants given by their
+//! bit patterns, `2ⁿ` built from its bits.
+
+use crate::gemm::fma::fma_f32;
+use cubecl::prelude::*;
+
+/// `log2(e)`.
+const LOG2E: u32 = 0x3fb8_aa3b;
+/// `ln 2` split: the high part has 16 significant bits.
+const LN2_HI: u32 = 0x3f31_7200;
+/// `ln 2 − LN2_HI`.
+const LN2_LO: u32 = 0x35bf_be8e;
+/// `√2`.
+const SQRT_2: u32 = 0x3fb5_04f3;
+/// `−86`: below this `exp_p` is 0.
+const EXP_LOW: u32 = 0xc2ac_0000;
+/// `88`: above this `exp_p` is +∞.
+const EXP_HIGH: u32 = 0x42b0_0000;
+/// `+∞`.
+const INF: u32 = 0x7f80_0000;
+/// `−∞`.
+const NEG_INF: u32 = 0xff80_0000;
+
+/// `1/k!` for k = 0..=7, as f32 (Horner from k = 7 down).
+const EXP_TAYLOR: [u32; 8] = [
+    0x3f80_0000,
+    0x3f80_0000,
+    0x3f00_0000,
+    0x3e2a_aaab,
+    0x3d2a_aaab,
+    0x3c08_8889,
+    0x3ab6_0b61,
+    0x3950_0d01,
+];
+
+/// `(−1)^(k+1)/k` for k = 1..=17, as f32 (`ln(1 + u) = u·Σ c_k·u^(k−1)`).
+const LN_TAYLOR: [u32; 17] = [
+    0x3f80_0000,
+    0xbf00_0000,
+    0x3eaa_aaab,
+    0xbe80_0000,
+    0x3e4c_cccd,
+    0xbe2a_aaab,
+    0x3e12_4925,
+    0xbe00_0000,
+    0x3de3_8e39,
+    0xbdcc_cccd,
+    0x3dba_2e8c,
+    0xbdaa_aaab,
+    0x3d9d_89d9,
+    0xbd92_4925,
+    0x3d88_8889,
+    0xbd80_0000,
+    0x3d70_f0f1,
+];
+
+/// The bits of `2ᵏ` (`k` in `[-126, 127]`).
+const fn pow2_bits(k: i32) -> u32 {
+    ((k + 127) as u32) << 23
+}
+
+/// An f32 constant from its bits.
+#[cube]
+fn c(#[comptime] bits: u32) -> f32 {
+    f32::reinterpret(bits)
+}
+
+/// `−∞`.
+#[cube]
+pub(crate) fn neg_inf() -> f32 {
+    c(NEG_INF)
+}
+
+/// `eˣ` as the Reference's `exp_p`: 0 below −86 (−∞ included), +∞ above 88, NaN for NaN;
+/// otherwise `n = floor(fma(x, log2 e, 0.5))`, `r = fma(−n, LN2_HI, x)`,
+/// `r = fma(−n, LN2_LO, r)`, the degree-7 Taylor polynomial by Horner's rule in `fma`, times `2ⁿ`
+/// (built from its bits; `n ∈ [−124, 127]` on this range, so the product is exact).
+#[cube]
+pub fn exp_p(x: f32, #[comptime] emulate: bool) -> f32 {
+    let low = c(EXP_LOW);
+    let high = c(EXP_HIGH);
+    // False for NaN: the polynomial then runs on 0 and the NaN is returned below.
+    let ok = x >= low && x <= high;
+    let xr = select(ok, x, 0.0f32);
+    let n = f32::floor(fma_f32(xr, c(LOG2E), 0.5f32, emulate));
+    let r = fma_f32(-n, c(LN2_HI), xr, emulate);
+    let r = fma_f32(-n, c(LN2_LO), r, emulate);
+    let mut p = c(comptime![EXP_TAYLOR[7]]);
+    p = fma_f32(p, r, c(comptime![EXP_TAYLOR[6]]), emulate);
+    p = fma_f32(p, r, c(comptime![EXP_TAYLOR[5]]), emulate);
+    p = fma_f32(p, r, c(comptime![EXP_TAYLOR[4]]), emulate);
+    p = fma_f32(p, r, c(comptime![EXP_TAYLOR[3]]), emulate);
+    p = fma_f32(p, r, c(comptime![EXP_TAYLOR[2]]), emulate);
+    p = fma_f32(p, r, c(comptime![EXP_TAYLOR[1]]), emulate);
+    p = fma_f32(p, r, c(comptime![EXP_TAYLOR[0]]), emulate);
+    let two_n = f32::reinterpret(u32::cast_from(i32::cast_from(n) + 127i32) << 23u32);
+    let v = p * two_n;
+    select(x < low, 0.0f32, select(x > high, c(INF), select(ok, v, x)))
+}
+
+/// One step of the downward scaling: `f ≥ 2ᵏ` → `f·2⁻ᵏ`, `e + k`.
+#[cube]
+fn scale_down(f: &mut f32, e: &mut i32, #[comptime] k: i32) {
+    let hit = *f >= c(comptime![pow2_bits(k)]);
+    *f = select(hit, *f * c(comptime![pow2_bits(-k)]), *f);
+    *e = select(hit, *e + k, *e);
+}
+
+/// One step of the upward scaling: `f < 2^(1−k)` → `f·2ᵏ`, `e − k`.
+#[cube]
+fn scale_up(f: &mut f32, e: &mut i32, #[comptime] k: i32) {
+    let hit = *f < c(comptime![pow2_bits(1 - k)]);
+    *f = select(hit, *f * c(comptime![pow2_bits(k)]), *f);
+    *e = select(hit, *e - k, *e);
+}
+
+/// `ln x` as the Reference's `ln_p` (finite `x > 0`; other inputs get what the same arithmetic
+/// gives): `x = 2ᵉ·f`, `f ∈ [√½, √2]`, by exact power-of-two scalings (64, 32, .., 1 down, then
+/// up), `u = f − 1`, `Q(u)` the degree-16 polynomial of `ln(1 + u)/u` by Horner's rule in `fma`,
+/// `fma(e, LN2_HI, fma(e, LN2_LO, u·Q(u)))`.
+#[cube]
+pub fn ln_p(x: f32, #[comptime] emulate: bool) -> f32 {
+    let mut f = x;
+    let mut e = 0i32;
+    scale_down(&mut f, &mut e, 64);
+    scale_down(&mut f, &mut e, 32);
+    scale_down(&mut f, &mut e, 16);
+    scale_down(&mut f, &mut e, 8);
+    scale_down(&mut f, &mut e, 4);
+    scale_down(&mut f, &mut e, 2);
+    scale_down(&mut f, &mut e, 1);
+    scale_up(&mut f, &mut e, 64);
+    scale_up(&mut f, &mut e, 32);
+    scale_up(&mut f, &mut e, 16);
+    scale_up(&mut f, &mut e, 8);
+    scale_up(&mut f, &mut e, 4);
+    scale_up(&mut f, &mut e, 2);
+    scale_up(&mut f, &mut e, 1);
+    let big = f > c(SQRT_2);
+    f = select(big, f * 0.5f32, f);
+    e = select(big, e + 1i32, e);
+    let u = f - 1.0f32;
+    let mut q = c(comptime![LN_TAYLOR[16]]);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[15]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[14]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[13]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[12]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[11]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[10]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[9]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[8]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[7]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[6]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[5]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[4]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[3]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[2]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[1]]), emulate);
+    q = fma_f32(q, u, c(comptime![LN_TAYLOR[0]]), emulate);
+    let ef = f32::cast_from(e);
+    fma_f32(
+        ef,
+        c(LN2_HI),
+        fma_f32(ef, c(LN2_LO), u * q, emulate),
+        emulate,
+    )
+}
+
+/// `out[i] = exp_p(x[i])`, `out[n + i] = ln_p(x[i])`, for testing the device functions.
+#[cube(launch_unchecked)]
+pub(crate) fn math_probe_kernel(x: &Array<f32>, out: &mut Array<f32>, #[comptime] emulate: bool) {
+    let i = ABSOLUTE_POS;
+    let n = x.len();
+    if i < n {
+        out[i] = exp_p(x[i], emulate);
+        out[n + i] = ln_p(x[i], emulate);
+    }
+}

@@ -1,0 +1,286 @@
+//! What the attention kernels share: launch parameters, the compile-time configuration, row
+//! addressing, the score tiles (fma chains over d through shared memory) and column chunks.
+// #[cube] helpers take each tensor, source and tile as its own argument (expanded inline).
+#![allow(clippy::too_many_arguments)]
+
+use crate::gemm::fma::fma_f32;
+use cubecl::prelude::*;
+
+/// Units per cube along x and along y (a cube has `UNITS × UNITS`).
+pub(crate) const UNITS: usize = 16;
+/// Units per cube.
+pub(crate) const THREADS: usize = UNITS * UNITS;
+/// Keys per block (`ATTENTION_KEY_BLOCK`).
+pub(crate) const KEY_BLOCK: usize = 64;
+/// Depth (in d) of one shared-memory stage of a score tile.
+pub(crate) const DK: usize = 16;
+/// Row pitch of a staged score operand (padded against bank conflicts).
+pub(crate) const DK_PAD: usize = DK + 1;
+/// Columns (in d) of one staged chunk of values, keys, queries or output gradients.
+pub(crate) const DC: usize = 32;
+/// Query rows per step of the dK/dV kernel.
+pub(crate) const DKV_ROWS: usize = 32;
+/// f32 elements of the staging buffer: a score stage of up to 64 + 64 rows, or a 64 × 32 chunk,
+/// or two 32 × 32 chunks.
+pub(crate) const STAGE_LEN: usize = (KEY_BLOCK + KEY_BLOCK) * DK_PAD;
+/// Row pitch of a score / probability tile over a key block.
+pub(crate) const S_PAD: usize = KEY_BLOCK + 1;
+/// Row pitch of the dK/dV kernel's `p` and `ds` tiles (keys × query rows).
+pub(crate) const DKV_PAD: usize = DKV_ROWS + 1;
+
+/// Which operand of a score tile is a query row (`q' = f32(q)·scale`).
+pub(crate) const SCALE_NONE: u32 = 0;
+/// The first operand is scaled.
+pub(crate) const SCALE_A: u32 = 1;
+/// The second operand is scaled.
+pub(crate) const SCALE_B: u32 = 2;
+
+/// Strides (in elements) of a rank-4 `[B, heads, seq, D]` tensor (rank 3 for `lse`: `d` unused).
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+pub(crate) struct Strides4 {
+    pub b: u32,
+    pub h: u32,
+    pub s: u32,
+    pub d: u32,
+}
+
+/// Runtime parameters of every attention kernel (layouts a kernel does not take are zeros).
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct AttnParams {
+    pub q: Strides4,
+    pub k: Strides4,
+    pub v: Strides4,
+    /// `out` (forward output, or the saved output in the backward).
+    pub o: Strides4,
+    /// `grad_out`.
+    pub go: Strides4,
+    /// `grad_query`.
+    pub gq: Strides4,
+    /// `grad_key`.
+    pub gk: Strides4,
+    /// `grad_value`.
+    pub gv: Strides4,
+    /// `lse` (`b`, `h`, `s`).
+    pub lse: Strides4,
+    /// Stride of `kv_lens`.
+    pub lens: u32,
+    pub batch: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    /// `heads / kv_heads`.
+    pub group: u32,
+    pub q_len: u32,
+    pub kv_len: u32,
+    pub scale: f32,
+    /// First cube (first row for the δ kernel) of this launch.
+    pub offset: u32,
+}
+
+/// Compile-time configuration: head size, rows per unit (the cube's row tile is `16·rows`),
+/// causal masking, `fma` emulation.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct AttnCfg {
+    pub d: usize,
+    pub rows: usize,
+    pub causal: bool,
+    pub emulate: bool,
+}
+
+impl AttnCfg {
+    /// Chunks of `DC` columns covering d.
+    pub(crate) fn chunks(&self) -> usize {
+        self.d.div_ceil(DC)
+    }
+    /// Output columns a unit owns per row (`tx + 16·c`, two per chunk), at least 1.
+    pub(crate) fn cols(&self) -> usize {
+        (2 * self.chunks()).max(1)
+    }
+}
+
+/// How rows of a tile map to a tensor: row `r` (of a run of `limit` rows) starts at
+/// `base + (r / inner)·s_outer + (r % inner)·s_inner`; rows `first ..` are loaded, those at or
+/// past `limit` read as zeros. Query rows of a KV group are `r = local_head·Q + i`.
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct RowSrc {
+    pub base: usize,
+    pub first: usize,
+    pub limit: usize,
+    pub inner: usize,
+    pub s_outer: usize,
+    pub s_inner: usize,
+    pub s_d: usize,
+}
+
+#[cube]
+pub(crate) fn row_offset(src: &RowSrc, r: usize) -> usize {
+    src.base + (r / src.inner) * src.s_outer + (r % src.inner) * src.s_inner
+}
+
+/// Row `b`'s valid keys, `kv_lens[b]` clamped to `[0, kv_len]`.
+#[cube]
+pub(crate) fn kv_len_of(kv_lens: &Tensor<i32>, at: usize, kv_len: u32) -> i32 {
+    let kv = i32::cast_from(kv_len);
+    let l = kv_lens[at];
+    select(l < 0i32, 0i32, select(l > kv, kv, l))
+}
+
+/// Keys query `i` of a row with `len` valid keys sees (`0..visible`): 0 when its position
+/// `len − Q + i` is negative, else `pos + 1` (causal) or `len`.
+#[cube]
+pub(crate) fn visible(len: i32, q_len: u32, i: usize, #[comptime] causal: bool) -> u32 {
+    let pos = len + (i32::cast_from(i) - i32::cast_from(q_len));
+    let mut vis = 0u32;
+    if pos >= 0i32 {
+        if comptime![causal] {
+            vis = u32::cast_from(pos) + 1u32;
+        } else {
+            vis = u32::cast_from(len);
+        }
+    }
+    vis
+}
+
+/// Stage `16·n` rows × `DK` columns (from `d0`) of `t` at `off` in `stage` (pitch `DK_PAD`).
+#[cube]
+fn stage_rows<F: Float>(
+    t: &Tensor<F>,
+    src: &RowSrc,
+    d0: usize,
+    scale: f32,
+    stage: &mut SharedMemory<f32>,
+    #[comptime] off: usize,
+    #[comptime] n: usize,
+    #[comptime] scaled: bool,
+    #[comptime] d: usize,
+) {
+    let tid = UNIT_POS_Y as usize * UNITS + UNIT_POS_X as usize;
+    // 16·n rows × 16 columns = n elements per unit.
+    #[unroll]
+    for e in 0usize..n {
+        let idx = tid + e * THREADS;
+        let rr = idx / DK;
+        let kk = idx % DK;
+        let r = src.first + rr;
+        let dd = d0 + kk;
+        let mut val = 0.0f32;
+        if r < src.limit && dd < d {
+            val = f32::cast_from(t[row_offset(src, r) + dd * src.s_d]);
+            if comptime![scaled] {
+                val *= scale;
+            }
+        }
+        stage[off + rr * DK_PAD + kk] = val;
+    }
+}
+
+/// Score tile: `acc[i·nb + j] = fma-chain over d ascending (from +0.0) of a[row_i, d]·b[row_j, d]`
+/// for the unit's rows `ty + 16·i` of `a` (i < na) and `tx + 16·j` of `b` (j < nb), rows counted
+/// from `asrc.first` / `bsrc.first`. The operand named by `scaled` is `f32(x)·scale` (a query
+/// row). The last stage is bounded by d (no padded terms). Every unit of the cube must call it
+/// (it synchronizes); it leaves `stage` free.
+#[cube]
+pub(crate) fn dot_tile<F: Float>(
+    a: &Tensor<F>,
+    asrc: &RowSrc,
+    b: &Tensor<F>,
+    bsrc: &RowSrc,
+    scale: f32,
+    stage: &mut SharedMemory<f32>,
+    acc: &mut Array<f32>,
+    #[comptime] na: usize,
+    #[comptime] nb: usize,
+    #[comptime] scaled: u32,
+    #[comptime] d: usize,
+    #[comptime] emulate: bool,
+) {
+    let tx = UNIT_POS_X as usize;
+    let ty = UNIT_POS_Y as usize;
+    let unroll = comptime![!emulate];
+    let b_off = comptime![UNITS * na * DK_PAD];
+    #[unroll]
+    for x in 0usize..na * nb {
+        acc[x] = 0.0f32;
+    }
+    let stages = comptime![d.div_ceil(DK)];
+    for st in 0usize..stages {
+        let d0 = st * DK;
+        stage_rows::<F>(
+            a,
+            asrc,
+            d0,
+            scale,
+            stage,
+            0usize,
+            na,
+            comptime![scaled == SCALE_A],
+            d,
+        );
+        stage_rows::<F>(
+            b,
+            bsrc,
+            d0,
+            scale,
+            stage,
+            b_off,
+            nb,
+            comptime![scaled == SCALE_B],
+            d,
+        );
+        sync_cube();
+        let kc = min(DK, d - d0);
+        for kk in 0usize..kc {
+            let mut av = Array::<f32>::new(na);
+            let mut bv = Array::<f32>::new(nb);
+            #[unroll]
+            for i in 0usize..na {
+                av[i] = stage[(ty + i * UNITS) * DK_PAD + kk];
+            }
+            #[unroll]
+            for j in 0usize..nb {
+                bv[j] = stage[b_off + (tx + j * UNITS) * DK_PAD + kk];
+            }
+            #[unroll(unroll)]
+            for i in 0usize..na {
+                #[unroll(unroll)]
+                for j in 0usize..nb {
+                    let x = i * nb + j;
+                    acc[x] = fma_f32(av[i], bv[j], acc[x], emulate);
+                }
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// Stage `n` rows × `DC` columns (from `c0`) of `t` at `off` in `stage` (pitch `DC`), zeros past
+/// `src.limit` or d.
+#[cube]
+pub(crate) fn load_chunk<F: Float>(
+    t: &Tensor<F>,
+    src: &RowSrc,
+    c0: usize,
+    scale: f32,
+    stage: &mut SharedMemory<f32>,
+    #[comptime] off: usize,
+    #[comptime] n: usize,
+    #[comptime] scaled: bool,
+    #[comptime] d: usize,
+) {
+    let tid = UNIT_POS_Y as usize * UNITS + UNIT_POS_X as usize;
+    #[unroll]
+    for e in 0usize..n * DC / THREADS {
+        let idx = tid + e * THREADS;
+        let rr = idx / DC;
+        let cc = idx % DC;
+        let r = src.first + rr;
+        let col = c0 + cc;
+        let mut val = 0.0f32;
+        if r < src.limit && col < d {
+            val = f32::cast_from(t[row_offset(src, r) + col * src.s_d]);
+            if comptime![scaled] {
+                val *= scale;
+            }
+        }
+        stage[off + idx] = val;
+    }
+}
