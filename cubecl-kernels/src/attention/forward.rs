@@ -288,6 +288,8 @@ pub(crate) fn attention_forward_kernel<F: Float>(
             }
             sync_cube();
         }
+        // The next block rewrites the scores (needed where no chunk loop ran: D = 0).
+        sync_cube();
     }
 
     if tid < br {

@@ -62,10 +62,12 @@ const fn pow2_bits(k: i32) -> u32 {
     ((k + 127) as u32) << 23
 }
 
-/// An f32 constant from its bits.
+/// An f32 constant from its bits. The bits are or-ed with the runtime zero `CUBE_POS_Z` (every
+/// attention launch has one cube along z), so the reinterpret never takes a literal: CUDA's
+/// `reinterpret_cast` cannot take one, and a folded float literal could not spell ±∞.
 #[cube]
 fn c(#[comptime] bits: u32) -> f32 {
-    f32::reinterpret(bits)
+    f32::reinterpret(bits | CUBE_POS_Z)
 }
 
 /// `−∞`.

@@ -201,8 +201,10 @@ pub(crate) fn dot_tile<F: Float>(
     for x in 0usize..na * nb {
         acc[x] = 0.0f32;
     }
-    let stages = comptime![d.div_ceil(DK)];
-    for st in 0usize..stages {
+    // Whole stages, then the partial one (its depth known at compile time): never a padded term.
+    let full = comptime![d / DK];
+    let rem = comptime![d % DK];
+    for st in 0..full {
         let d0 = st * DK;
         stage_rows::<F>(
             a,
@@ -227,28 +229,76 @@ pub(crate) fn dot_tile<F: Float>(
             d,
         );
         sync_cube();
-        let kc = min(DK, d - d0);
-        for kk in 0usize..kc {
-            let mut av = Array::<f32>::new(na);
-            let mut bv = Array::<f32>::new(nb);
-            #[unroll]
-            for i in 0usize..na {
-                av[i] = stage[(ty + i * UNITS) * DK_PAD + kk];
-            }
-            #[unroll]
-            for j in 0usize..nb {
-                bv[j] = stage[b_off + (tx + j * UNITS) * DK_PAD + kk];
-            }
-            #[unroll(unroll)]
-            for i in 0usize..na {
-                #[unroll(unroll)]
-                for j in 0usize..nb {
-                    let x = i * nb + j;
-                    acc[x] = fma_f32(av[i], bv[j], acc[x], emulate);
-                }
-            }
+        #[unroll(unroll)]
+        for kk in 0..DK {
+            micro_step(stage, acc, kk, tx, ty, na, nb, emulate);
         }
         sync_cube();
+    }
+    if comptime![rem > 0] {
+        let d0 = full * DK;
+        stage_rows::<F>(
+            a,
+            asrc,
+            d0,
+            scale,
+            stage,
+            0usize,
+            na,
+            comptime![scaled == SCALE_A],
+            d,
+        );
+        stage_rows::<F>(
+            b,
+            bsrc,
+            d0,
+            scale,
+            stage,
+            b_off,
+            nb,
+            comptime![scaled == SCALE_B],
+            d,
+        );
+        sync_cube();
+        #[unroll(unroll)]
+        for kk in 0..rem {
+            micro_step(stage, acc, kk, tx, ty, na, nb, emulate);
+        }
+        sync_cube();
+    }
+}
+
+/// One d step of a score tile: `acc[i·nb + j] = fma(a_i, b_j, acc[i·nb + j])`.
+#[cube]
+fn micro_step(
+    stage: &SharedMemory<f32>,
+    acc: &mut Array<f32>,
+    kk: usize,
+    tx: usize,
+    ty: usize,
+    #[comptime] na: usize,
+    #[comptime] nb: usize,
+    #[comptime] emulate: bool,
+) {
+    let unroll = comptime![!emulate];
+    let b_off = comptime![UNITS * na * DK_PAD];
+    let mut av = Array::<f32>::new(na);
+    let mut bv = Array::<f32>::new(nb);
+    #[unroll]
+    for i in 0usize..na {
+        av[i] = stage[(ty + i * UNITS) * DK_PAD + kk];
+    }
+    #[unroll]
+    for j in 0usize..nb {
+        bv[j] = stage[b_off + (tx + j * UNITS) * DK_PAD + kk];
+    }
+    #[unroll(unroll)]
+    for i in 0usize..na {
+        #[unroll(unroll)]
+        for j in 0usize..nb {
+            let x = i * nb + j;
+            acc[x] = fma_f32(av[i], bv[j], acc[x], emulate);
+        }
     }
 }
 
