@@ -40,6 +40,109 @@ fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::
     }
 }
 
+/// Cross-backend reference mode for attention and RMSNorm: f32 `CubeCl` (forward and backward
+/// primitives) gives the bits of `Reference`, on shapes that are multiples of no tile, with
+/// GQA, ragged `kv_lens` (one row empty) and zero-gradient rows.
+fn f32_attention_and_rms_norm_equal_reference<B: burn_invariant::InvariantBackend>(
+    device: &B::Device,
+) {
+    use burn::tensor::{Tensor, TensorPrimitive};
+    use burn_invariant::ops::attention::{AttentionInputs, AttentionOutput};
+    use burn_invariant::ops::rms_norm::RmsNormInputs;
+    use burn_invariant::registry::Implementation;
+    type Reference = burn_ndarray::NdArray<f32>;
+    let cpu = Default::default();
+    let d = common::ops::Dims {
+        batch: 3,
+        heads: 6,
+        kv_heads: 2,
+        q_len: 9,
+        kv_len: 133,
+        head_dim: 36,
+    };
+    let kv_lens = vec![133i64, 70, 0];
+    let mut rng = common::Rng::new(91);
+    let up_data = rng.vec(d.batch * d.heads * d.q_len * d.head_dim, 1.0);
+    let up_data: Vec<f32> = up_data
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if (i / d.head_dim) % 4 == 1 { 0.0 } else { x })
+        .collect();
+    fn run<X: burn_invariant::InvariantBackend>(
+        device: &X::Device,
+        d: common::ops::Dims,
+        kv_lens: &[i64],
+        up: &[f32],
+        imp: Implementation,
+    ) -> Vec<Vec<u64>> {
+        let dtype = burn::tensor::DType::F32;
+        let prim = |t: Tensor<X, 4>| t.into_primitive().tensor();
+        let back = |t| common::bits(Tensor::<X, 4>::from_primitive(TensorPrimitive::Float(t)));
+        let [q, k, v] = common::ops::qkv::<X>(device, dtype, d, 92);
+        let inputs = AttentionInputs {
+            query: prim(q),
+            key: prim(k),
+            value: prim(v),
+            kv_lens: common::ints::<X>(kv_lens.to_vec(), device).into_primitive(),
+            causal: true,
+            scale: 0.17,
+        };
+        let out = X::invariant_attention(inputs.clone(), imp);
+        let up = common::float::<X, 4>(
+            up.to_vec(),
+            [d.batch, d.heads, d.q_len, d.head_dim],
+            device,
+            dtype,
+        );
+        let saved = AttentionOutput {
+            out: out.out.clone(),
+            lse: out.lse.clone(),
+        };
+        let grads = X::invariant_attention_backward(inputs, saved, prim(up), imp);
+        let mut rng = common::Rng::new(93);
+        let (n, dm) = (37, 300);
+        let x = common::float::<X, 2>(rng.vec(n * dm, 2.0), [n, dm], device, dtype);
+        let gamma = common::float::<X, 1>(rng.vec(dm, 1.0), [dm], device, dtype);
+        let dy = common::float::<X, 2>(rng.vec(n * dm, 1.0), [n, dm], device, dtype);
+        let norm = RmsNormInputs {
+            x: x.into_primitive().tensor(),
+            gamma: gamma.into_primitive().tensor(),
+            eps: 1e-6,
+        };
+        let y = X::invariant_rms_norm(norm.clone(), imp);
+        let ng = X::invariant_rms_norm_backward(norm, dy.into_primitive().tensor(), imp);
+        let bits2 = |t| common::bits(Tensor::<X, 2>::from_primitive(TensorPrimitive::Float(t)));
+        let bits1 = |t| common::bits(Tensor::<X, 1>::from_primitive(TensorPrimitive::Float(t)));
+        vec![
+            back(out.out),
+            common::bits(Tensor::<X, 3>::from_primitive(TensorPrimitive::Float(
+                out.lse,
+            ))),
+            back(grads.query),
+            back(grads.key),
+            back(grads.value),
+            bits2(y),
+            bits2(ng.x),
+            bits1(ng.gamma),
+        ]
+    }
+    let got = run::<B>(device, d, &kv_lens, &up_data, Implementation::CubeCl);
+    let want = run::<Reference>(&cpu, d, &kv_lens, &up_data, Implementation::Reference);
+    let names = [
+        "out",
+        "lse",
+        "dQuery",
+        "dKey",
+        "dValue",
+        "rms y",
+        "rms dX",
+        "rms dGamma",
+    ];
+    for ((name, g), w) in names.iter().zip(&got).zip(&want) {
+        common::assert_bits_eq(&format!("f32 {name} vs Reference"), g, w);
+    }
+}
+
 #[cfg(feature = "wgpu")]
 mod wgpu {
     pub use super::common::wgpu_device as device;
@@ -55,6 +158,13 @@ mod wgpu {
         fn f32_matmul_bitwise_equals_reference() {
             let Some(device) = device() else { return };
             super::super::f32_matmul_equals_reference::<B>(&device);
+        }
+
+        #[test]
+        #[serial]
+        fn f32_attention_and_rms_norm_bitwise_equal_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
         }
 
         /// The tensor-core path's chunk loops, scan and `dz` kernels (with FMA products, as
@@ -91,6 +201,13 @@ mod wgpu {
             let Some(device) = device() else { return };
             super::super::f32_matmul_equals_reference::<B>(&device);
         }
+
+        #[test]
+        #[serial]
+        fn f32_attention_and_rms_norm_bitwise_equal_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
+        }
     }
 }
 
@@ -110,6 +227,13 @@ mod cuda {
             let Some(device) = device() else { return };
             super::super::f32_matmul_equals_reference::<B>(&device);
         }
+
+        #[test]
+        #[serial]
+        fn f32_attention_and_rms_norm_bitwise_equal_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
+        }
     }
 
     mod fusion {
@@ -124,6 +248,13 @@ mod cuda {
         fn f32_matmul_bitwise_equals_reference() {
             let Some(device) = device() else { return };
             super::super::f32_matmul_equals_reference::<B>(&device);
+        }
+
+        #[test]
+        #[serial]
+        fn f32_attention_and_rms_norm_bitwise_equal_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
         }
     }
 }

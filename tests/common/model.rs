@@ -28,6 +28,8 @@ const CONFIG: PolicyConfig = PolicyConfig {
     max_seq_len: 16,
     temperature: 0.7,
     ignore_index: IGNORE,
+    eos: 1,
+    eos_gain: 1.0,
     seed: 3,
 };
 

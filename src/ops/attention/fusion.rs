@@ -19,7 +19,7 @@ impl<B: FusionBackend + AttentionOps> AttentionOps for Fusion<B> {
             causal,
             scale,
         } = inputs;
-        let lse_shape = query.shape.dims[..3].to_vec();
+        let lse_shape = query.shape.to_vec()[..3].to_vec();
         let outputs = [
             (query.shape.clone(), query.dtype),
             (lse_shape.into(), DType::F32),

@@ -122,29 +122,39 @@ pub fn attention_forward(
 ) -> (Vec<f32>, Vec<f32>) {
     let d = shape.head_dim;
     let rows = shape.batch * shape.heads * shape.q_len;
+    let run = |row: usize, out: &mut [f32]| {
+        let (bh, i) = (row / shape.q_len, row % shape.q_len);
+        let (b, h) = (bh / shape.heads, bh % shape.heads);
+        let visible = shape.visible(kv_lens[b], i)?;
+        let kv = shape.kv_at(b, shape.kv_head(h), 0);
+        let span = kv..kv + shape.kv_len * d;
+        let q = &query[shape.q_at(b, h, i)..][..d];
+        Some(forward_row(
+            q,
+            &key[span.clone()],
+            &value[span],
+            visible,
+            shape.scale,
+            out,
+        ))
+    };
     let mut out = vec![0.0f32; rows * d];
-    let mut lse = vec![f32::NEG_INFINITY; rows];
-    out.par_chunks_mut(d.max(1))
-        .zip(lse.par_iter_mut())
-        .enumerate()
-        .for_each(|(row, (out, lse))| {
-            let (bh, i) = (row / shape.q_len, row % shape.q_len);
-            let (b, h) = (bh / shape.heads, bh % shape.heads);
-            let Some(visible) = shape.visible(kv_lens[b], i) else {
-                return;
-            };
-            let kv = shape.kv_at(b, shape.kv_head(h), 0);
-            let span = kv..kv + shape.kv_len * d;
-            let q = &query[shape.q_at(b, h, i)..][..d];
-            *lse = forward_row(
-                q,
-                &key[span.clone()],
-                &value[span],
-                visible,
-                shape.scale,
-                out,
-            );
-        });
+    // Rows are walked by index, so that `d = 0` still gives each row its `lse`.
+    let lse: Vec<Option<f32>> = if d == 0 {
+        (0..rows)
+            .into_par_iter()
+            .map(|row| run(row, &mut []))
+            .collect()
+    } else {
+        out.par_chunks_mut(d)
+            .enumerate()
+            .map(|(row, out)| run(row, out))
+            .collect()
+    };
+    let lse = lse
+        .into_iter()
+        .map(|l| l.unwrap_or(f32::NEG_INFINITY))
+        .collect();
     (out, lse)
 }
 
