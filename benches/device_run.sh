@@ -11,12 +11,17 @@
 # and the tensor-parallel suite on one GPU (.gpu/gpu_tp).
 # `vulkan`: the wgpu suites and the wgpu report through Vulkan/SPIR-V (.gpu/{gpu_vk,gpu_report_vk},
 # built with `--features vulkan,cuda`; the loaders from .gl/, see the device README), cuBLAS f16 beside.
+# `attn`: attention and RMSNorm (.gpu/attention_report) beside PyTorch SDPA (benches/sdpa_reference.py) and
+# Burn's attention, table in $OUT/attention_table.md; its parts, one device call each where time is short:
+# `attnours` (ours: prefill, decode, RMSNorm), `attnref` (SDPA, Burn), `attnmore` (memory; decode and RMSNorm
+# with BURN_INVARIANT_IMPL=cubecl); `attnsanitize`: compute-sanitizer on the attention and rms_norm tests of
+# cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl.
 set -uo pipefail
-(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk limits gpu_tp; do [[ -e $b ]] && chmod +x "$b"; done)
+(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk limits gpu_tp attention_report transformer_rollout; do [[ -e $b ]] && chmod +x "$b"; done)
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize
+MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -70,6 +75,39 @@ if has overhead; then
   step overhead 200 .gpu/call_overhead
   step cublas_decode 60 python3 benches/cublas_decode.py; cat "$OUT/cublas_decode.log"
   grep -h "^OVERHEAD_DELTA" "$OUT/overhead.log"
+fi
+# attn = attnours + attnref + attnmore (worst case 565 s of step limits); each part rebuilds the table from the
+# logs present in $OUT.
+attn_table() {
+  local logs=(); for f in attn_prefill attn_decode attn_rms attn_burn attn_memory attn_decode_cubecl attn_rms_cubecl sdpa; do [[ -s $OUT/$f.log ]] && logs+=("$OUT/$f.log"); done
+  python3 benches/attention_compare.py ${logs[@]+"${logs[@]}"} > "$OUT/attention_table.md"
+}
+if has attn || has attnours; then
+  step attn_prefill 180 .gpu/attention_report prefill
+  step attn_decode 45 .gpu/attention_report decode
+  step attn_rms 30 .gpu/attention_report rms
+  attn_table
+fi
+if has attn || has attnref; then
+  step sdpa 100 python3 benches/sdpa_reference.py; grep -h "^NOTICE\|^SKIP" "$OUT/sdpa.log"
+  step attn_burn 100 .gpu/attention_report burn; grep -h "^SKIP" "$OUT/attn_burn.log"
+  attn_table
+fi
+if has attn || has attnmore; then
+  step attn_memory 60 .gpu/attention_report memory; grep -h "^MEMORY\|^SKIP" "$OUT/attn_memory.log"
+  BURN_INVARIANT_IMPL=cubecl step attn_decode_cubecl 30 .gpu/attention_report decode
+  BURN_INVARIANT_IMPL=cubecl step attn_rms_cubecl 20 .gpu/attention_report rms
+  attn_table
+fi
+if has attn || has attnours || has attnref || has attnmore; then cat "$OUT/attention_table.md"; fi
+if has attnsanitize; then
+  ATTN_TESTS="cuda::raw::attention_values_vs_f64 cuda::raw::attention_gradients_vs_f64 cuda::raw::attention_decode_equals_prefill cuda::raw::rms_norm_values_and_row_invariance cuda::raw::rms_norm_gradients_and_padding"
+  step memcheck_attn 200 compute-sanitizer --tool memcheck .gpu/gpu $ATTN_TESTS --test-threads=1
+  step racecheck_attn 200 compute-sanitizer --tool racecheck .gpu/gpu $ATTN_TESTS --test-threads=1
+fi
+if has model; then
+  step model_default 200 .gpu/transformer_rollout; tail -8 "$OUT/model_default.log"
+  BURN_INVARIANT_IMPL=cubecl step model_cubecl 200 .gpu/transformer_rollout; tail -8 "$OUT/model_cubecl.log"
 fi
 if has example; then
   step example 120 .gpu/lm_head; tail -6 "$OUT/example.log"

@@ -114,13 +114,13 @@ impl InvariantAttentionConfig {
             arg: "InvariantAttentionConfig",
             reason,
         };
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(invalid(format!(
                 "n_kv_heads ({}) must be ≥ 1 and divide n_heads ({})",
                 self.n_kv_heads, self.n_heads
             )));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return Err(invalid(format!(
                 "head_dim must be even and ≥ 2 (rotary pairs), got {}",
                 self.head_dim
@@ -268,7 +268,7 @@ impl<B: InvariantBackend> InvariantAttention<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Result<Tensor<B, 3>, InvariantError> {
         let [batch, seq, _] = x.dims();
         let positions: Vec<usize> = (0..batch).flat_map(|_| 0..seq).collect();
-        let (q, k, v) = self.project(x, &positions)?;
+        let [q, k, v] = self.project(x, &positions)?;
         let out = attention(q, k, v, None, &AttentionOptions::default())?;
         self.merge_heads(out)
     }
@@ -298,7 +298,7 @@ impl<B: InvariantBackend> InvariantAttention<B> {
                 (0..seq as i64).map(move |i| (start + i).max(0) as usize)
             })
             .collect();
-        let (q, k, v) = self.project(x, &positions)?;
+        let [q, k, v] = self.project(x, &positions)?;
         cache.append(k, v, new_lens)?;
         let device = q.device();
         let lens = Tensor::<B, 1, Int>::from_data(
@@ -321,7 +321,7 @@ impl<B: InvariantBackend> InvariantAttention<B> {
         &self,
         x: Tensor<B, 3>,
         positions: &[usize],
-    ) -> Result<(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>), InvariantError> {
+    ) -> Result<[Tensor<B, 4>; 3], InvariantError> {
         let [batch, seq, _] = x.dims();
         let heads =
             |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq, n, self.head_dim]).swap_dims(1, 2);
@@ -343,7 +343,7 @@ impl<B: InvariantBackend> InvariantAttention<B> {
                 .swap_dims(1, 2)
         };
         let (cos, sin) = (table(cos), table(sin));
-        Ok((rotate(q, &cos, &sin), rotate(k, &cos, &sin), v))
+        Ok([rotate(q, &cos, &sin), rotate(k, &cos, &sin), v])
     }
 
     /// `[batch, n_heads, S, head_dim]` → the output projection of `[batch, S, n_heads · head_dim]`.

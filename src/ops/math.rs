@@ -56,7 +56,7 @@ pub(crate) fn exp_p(x: f32) -> f32 {
 /// `(1/k)·(−1)^(k+1)` for k = 1..=17: `ln(1 + u) = u·Σ c_k·u^(k−1)`.
 const fn ln_coefficient(k: usize) -> f32 {
     let c = 1.0 / k as f32;
-    if k % 2 == 0 { -c } else { c }
+    if k.is_multiple_of(2) { -c } else { c }
 }
 
 const LN_TAYLOR: [f32; 17] = {

@@ -41,15 +41,15 @@ pub fn attention_f64(
 ) -> Vec<f64> {
     let hd = d.head_dim;
     let mut out = vec![0.0; q.len()];
-    for b in 0..d.batch {
+    for (b, &kv_len_b) in kv_lens.iter().enumerate().take(d.batch) {
         for h in 0..d.heads {
             let kh = h / (d.heads / d.kv_heads);
             for i in 0..d.q_len {
-                let pos = kv_lens[b] as i64 - d.q_len as i64 + i as i64;
+                let pos = kv_len_b as i64 - d.q_len as i64 + i as i64;
                 if pos < 0 {
                     continue;
                 }
-                let n = if causal { pos as usize + 1 } else { kv_lens[b] };
+                let n = if causal { pos as usize + 1 } else { kv_len_b };
                 let qo = ((b * d.heads + h) * d.q_len + i) * hd;
                 let ko = |j: usize| ((b * d.kv_heads + kh) * d.kv_len + j) * hd;
                 let s: Vec<f64> = (0..n)
@@ -241,15 +241,15 @@ pub fn attention_batch_invariance<B: InvariantBackend>(device: &B::Device, dtype
         &opts,
     )
     .unwrap();
-    for b in 0..d.batch {
+    for (b, &len) in kv_lens.iter().enumerate() {
         let row = |t: Tensor<B, 4>, l: usize| {
             let [_, h, _, hd] = t.dims();
             t.slice([b..b + 1, 0..h, 0..l, 0..hd])
         };
         let alone = attention(
             row(q.clone(), d.q_len),
-            row(k.clone(), kv_lens[b]),
-            row(v.clone(), kv_lens[b]),
+            row(k.clone(), len),
+            row(v.clone(), len),
             None,
             &opts,
         )
@@ -332,11 +332,11 @@ fn attention_grads_f64(
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let hd = d.head_dim;
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-    for b in 0..d.batch {
+    for (b, &kv_len_b) in kv_lens.iter().enumerate().take(d.batch) {
         for h in 0..d.heads {
             let kh = h / (d.heads / d.kv_heads);
             for i in 0..d.q_len {
-                let pos = kv_lens[b] as i64 - d.q_len as i64 + i as i64;
+                let pos = kv_len_b as i64 - d.q_len as i64 + i as i64;
                 if pos < 0 {
                     continue;
                 }
