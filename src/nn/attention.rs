@@ -276,7 +276,7 @@ impl<B: InvariantBackend> InvariantAttention<B> {
     /// One step over a KV cache, `x [batch, S, d_model]` left-padded: row `b`'s new tokens
     /// are its last `new_lens[b]` positions; they are appended to the cache and attend to it.
     /// Decode is `S = 1` with `new_lens` all 1; a prompt is prefilled in one or several calls.
-    /// Outputs at padding positions are zeros.
+    /// Outputs at padding positions are not meaningful (zeros while the row's cache is empty).
     pub fn forward_cached(
         &self,
         x: Tensor<B, 3>,

@@ -5,6 +5,7 @@
 //! f64 computation on the values actually stored on the device, with dtype-aware tolerances.
 #![allow(dead_code)]
 
+pub mod model;
 pub mod ops;
 pub mod ranks;
 pub mod rl_head;
@@ -1235,6 +1236,15 @@ macro_rules! invariant_testsuite {
             let Some(device) = device() else { return };
             for &dtype in DTYPES {
                 common::ops::rms_norm_gradients::<$autodiff>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn whole_model_rollout_equals_trainer() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::model::whole_model::<$autodiff>(&device, dtype);
             }
         }
 

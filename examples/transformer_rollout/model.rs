@@ -1,0 +1,351 @@
+//! A small Llama-style policy built from burn-invariant's modules only: token embedding (a
+//! gather), `n_layers` pre-norm blocks of [`InvariantRmsNorm`] → [`InvariantAttention`] (GQA,
+//! RoPE, KV cache) → residual → [`InvariantRmsNorm`] → SwiGLU MLP of [`InvariantLinear`] →
+//! residual, a final [`InvariantRmsNorm`], and an LM head `[vocab, d_model]` used only through
+//! [`linear_logp_full`].
+//!
+//! Two paths compute the same hidden states, bitwise: [`Policy::trainer`] (one causal prefill of
+//! right-padded sequences, differentiable) and [`Policy::step`] (the rollout: left-padded tokens
+//! appended to per-layer [`KvCache`]s, one or many tokens per call).
+//!
+//! Shared by `examples/transformer_rollout/main.rs` and `tests/common/model.rs` (through
+//! `#[path]`), each of which uses part of it.
+#![allow(dead_code)]
+
+use burn::module::{Module, Param};
+use burn::tensor::{DType, Int, Tensor, TensorData, activation::silu, backend::Backend};
+use burn_invariant::nn::{
+    InvariantAttention, InvariantAttentionConfig, InvariantLinear, InvariantRmsNorm, KvCache,
+};
+use burn_invariant::{
+    InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput, linear_logp_full,
+};
+
+/// Sizes and the head's options.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyConfig {
+    pub vocab: usize,
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Width of the SwiGLU MLP.
+    pub d_ff: usize,
+    /// Longest position the rotary tables (and so any cache) cover.
+    pub max_seq_len: usize,
+    /// Sampling (and scoring) temperature of the head.
+    pub temperature: f64,
+    /// Target value of rows that are not scored.
+    pub ignore_index: i64,
+    /// The end-of-sequence token, whose head row is scaled by `eos_gain` (how often sampled
+    /// responses end early).
+    pub eos: usize,
+    pub eos_gain: f32,
+    /// Seed of the weight formula.
+    pub seed: u64,
+}
+
+/// xorshift64: the seeded weight formula (and the example's sampler).
+#[derive(Debug, Clone)]
+pub struct XorShift(u64);
+
+impl XorShift {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in `[0, 1)`, 24 bits: exact in f32.
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in `[-scale, scale)`.
+    pub fn symmetric(&mut self, scale: f32) -> f32 {
+        (2.0 * self.unit() - 1.0) * scale
+    }
+}
+
+/// One pre-norm transformer block.
+#[derive(Module, Debug)]
+pub struct Block<B: InvariantBackend> {
+    pub attn_norm: InvariantRmsNorm<B>,
+    pub attn: InvariantAttention<B>,
+    pub mlp_norm: InvariantRmsNorm<B>,
+    /// `[d_model, d_ff]`.
+    pub gate: InvariantLinear<B>,
+    /// `[d_model, d_ff]`.
+    pub up: InvariantLinear<B>,
+    /// `[d_ff, d_model]`.
+    pub down: InvariantLinear<B>,
+}
+
+impl<B: InvariantBackend> Block<B> {
+    /// `x [B, S, d_model]`; `cache` selects the rollout path (left-padded `x`, the last
+    /// `new_lens[b]` positions of row `b` are new) instead of the trainer's causal prefill.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cache: Option<(&mut KvCache<B>, &[usize])>,
+    ) -> Result<Tensor<B, 3>, InvariantError> {
+        let h = self.attn_norm.forward(x.clone())?;
+        let a = match cache {
+            None => self.attn.forward(h)?,
+            Some((cache, new_lens)) => self.attn.forward_cached(h, cache, new_lens)?,
+        };
+        let x = x + a;
+        let h = self.mlp_norm.forward(x.clone())?;
+        let mlp = silu(self.gate.forward(h.clone())?) * self.up.forward(h)?;
+        Ok(x + self.down.forward(mlp)?)
+    }
+}
+
+/// The policy: embedding, blocks, final norm and LM head.
+#[derive(Module, Debug)]
+pub struct Policy<B: InvariantBackend> {
+    /// `[vocab, d_model]`.
+    pub embed: Param<Tensor<B, 2>>,
+    pub blocks: Vec<Block<B>>,
+    pub norm: InvariantRmsNorm<B>,
+    /// `[vocab, d_model]`, the layout `linear_logp_full` takes.
+    pub head: Param<Tensor<B, 2>>,
+    #[module(skip)]
+    pub config: PolicyConfig,
+}
+
+/// A `Param` of `shape` in `dtype` holding `value(i)` for the flat index `i`, from host f32.
+fn param<B: Backend, const D: usize>(
+    shape: [usize; D],
+    device: &B::Device,
+    dtype: DType,
+    mut value: impl FnMut() -> f32,
+) -> Param<Tensor<B, D>> {
+    let data: Vec<f32> = (0..shape.iter().product::<usize>())
+        .map(|_| value())
+        .collect();
+    Param::from_tensor(Tensor::from_data(
+        TensorData::new(data, shape),
+        (device, dtype),
+    ))
+}
+
+impl<B: InvariantBackend> Policy<B> {
+    /// Weights from the seeded formula: the same values on every backend and run (rounded
+    /// once to `dtype`).
+    pub fn new(
+        config: PolicyConfig,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Result<Self, InvariantError> {
+        let c = config;
+        let mut rng = XorShift::new(c.seed);
+        let mut uniform = |shape: &[usize], scale: f32| -> Vec<f32> {
+            (0..shape.iter().product::<usize>())
+                .map(|_| rng.symmetric(scale))
+                .collect()
+        };
+        // Uniform(−a, a) with a = sqrt(3 / fan_in): unit variance through each projection.
+        let fan = |d_in: usize| (3.0 / d_in as f32).sqrt();
+        let mut linear = |d_in: usize, d_out: usize| -> InvariantLinear<B> {
+            let values = uniform(&[d_in, d_out], fan(d_in));
+            let mut it = values.into_iter();
+            InvariantLinear {
+                weight: param([d_in, d_out], device, dtype, || it.next().unwrap_or(0.0)),
+                bias: None,
+            }
+        };
+        let norm = |rng: &mut XorShift| InvariantRmsNorm {
+            gamma: param([c.d_model], device, dtype, || 1.0 + rng.symmetric(0.1)),
+            epsilon: 1e-5,
+        };
+        let (q_width, kv_width) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let mut blocks = Vec::with_capacity(c.n_layers);
+        for _ in 0..c.n_layers {
+            // The config builds the rotary tables; the projections are replaced.
+            let mut attn =
+                InvariantAttentionConfig::new(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim)
+                    .with_max_seq_len(c.max_seq_len)
+                    .init::<B>(device)?;
+            attn.query = linear(c.d_model, q_width);
+            attn.key = linear(c.d_model, kv_width);
+            attn.value = linear(c.d_model, kv_width);
+            attn.output = linear(q_width, c.d_model);
+            let gate = linear(c.d_model, c.d_ff);
+            let up = linear(c.d_model, c.d_ff);
+            let down = linear(c.d_ff, c.d_model);
+            blocks.push((attn, gate, up, down));
+        }
+        let mut rng = XorShift::new(c.seed ^ 0x5EED);
+        let blocks = blocks
+            .into_iter()
+            .map(|(attn, gate, up, down)| Block {
+                attn_norm: norm(&mut rng),
+                attn,
+                mlp_norm: norm(&mut rng),
+                gate,
+                up,
+                down,
+            })
+            .collect();
+        let final_norm = norm(&mut rng);
+        let embed = param([c.vocab, c.d_model], device, dtype, || rng.symmetric(1.0));
+        // Logits of a few units: neither flat nor one-hot at the sampling temperature.
+        let head_scale = 2.0 * fan(c.d_model);
+        let mut i = 0;
+        let head = param([c.vocab, c.d_model], device, dtype, || {
+            let gain = if i / c.d_model == c.eos {
+                c.eos_gain
+            } else {
+                1.0
+            };
+            i += 1;
+            rng.symmetric(head_scale) * gain
+        });
+        Ok(Self {
+            embed,
+            blocks,
+            norm: final_norm,
+            head,
+            config,
+        })
+    }
+
+    /// The head's options: temperature, entropy, ignore index.
+    pub fn head_options(&self) -> LinearLogpOptions {
+        LinearLogpOptions::default()
+            .with_ignore_index(self.config.ignore_index)
+            .with_temperature(self.config.temperature)
+            .with_entropy(true)
+    }
+
+    /// Scores `targets [N]` under `hidden [N, d_model]` (final-normed): log-prob, lse and
+    /// entropy at the temperature, the same call for rollout and trainer.
+    pub fn score(
+        &self,
+        hidden: Tensor<B, 2>,
+        targets: Tensor<B, 1, Int>,
+    ) -> Result<LinearLogpOutput<B>, InvariantError> {
+        linear_logp_full(hidden, self.head.val(), targets, None, &self.head_options())
+    }
+
+    /// The tempered logits `h·Wᵀ / T` as f32 `[N, vocab]`, by a plain matmul: only to sample
+    /// from (not part of the bitwise promise; the sampled token is scored by [`Self::score`]).
+    pub fn sampling_logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        let w = self.head.val().cast(DType::F32);
+        hidden
+            .cast(DType::F32)
+            .matmul(w.transpose())
+            .div_scalar(self.config.temperature)
+    }
+
+    fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        burn::tensor::module::embedding(self.embed.val(), tokens)
+    }
+
+    /// The trainer's path: final-normed hidden states `[B, L, d_model]` of right-padded
+    /// `tokens [B, L]`, one causal prefill.
+    pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, InvariantError> {
+        let mut x = self.embed(tokens);
+        for block in &self.blocks {
+            x = block.forward(x, None)?;
+        }
+        self.norm.forward(x)
+    }
+
+    /// One trainer call: `tokens [B, L]` right-padded, `targets [B · L]` (the next token, or
+    /// the ignore index on prompt and padding positions) → the head's outputs, `[B · L]` each.
+    pub fn trainer(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 1, Int>,
+    ) -> Result<LinearLogpOutput<B>, InvariantError> {
+        let [batch, len] = tokens.dims();
+        let hidden = self.hidden(tokens)?;
+        self.score(hidden.reshape([batch * len, self.config.d_model]), targets)
+    }
+
+    /// Empty KV caches (one per layer) for `batch` rows of up to `capacity` positions.
+    pub fn new_caches(&self, batch: usize, capacity: usize) -> Vec<KvCache<B>> {
+        let c = &self.config;
+        let device = self.head.val().device();
+        let dtype = self.head.val().dtype();
+        (0..c.n_layers)
+            .map(|_| KvCache::new(batch, c.n_kv_heads, capacity, c.head_dim, dtype, &device))
+            .collect()
+    }
+
+    /// The rollout's path over the caches: `tokens [B, S]` left-padded (row `b`'s new tokens
+    /// are its last `new_lens[b]`), appended to `caches` (one per layer) → final-normed hidden
+    /// states `[B, S, d_model]` (rows' padding positions hold values of no meaning).
+    pub fn hidden_cached(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: &mut [KvCache<B>],
+        new_lens: &[usize],
+    ) -> Result<Tensor<B, 3>, InvariantError> {
+        if caches.len() != self.blocks.len() {
+            return Err(InvariantError::Shape {
+                arg: "caches",
+                expected: format!("one cache per layer ({})", self.blocks.len()),
+                got: vec![caches.len()],
+            });
+        }
+        let mut x = self.embed(tokens);
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            x = block.forward(x, Some((cache, new_lens)))?;
+        }
+        self.norm.forward(x)
+    }
+
+    /// One rollout step (a prefill chunk or a decode step, see [`Self::hidden_cached`]) → the
+    /// final-normed hidden state of each row's last position, `[B, d_model]`.
+    pub fn step(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: &mut [KvCache<B>],
+        new_lens: &[usize],
+    ) -> Result<Tensor<B, 2>, InvariantError> {
+        let [batch, seq] = tokens.dims();
+        let d = self.config.d_model;
+        let hidden = self.hidden_cached(tokens, caches, new_lens)?;
+        Ok(hidden
+            .slice([0..batch, seq - 1..seq, 0..d])
+            .reshape([batch, d]))
+    }
+}
+
+/// Keeps `rows` (in that order) of every layer's cache: the batch shrinks as sequences end.
+pub fn select_rows<B: Backend>(
+    caches: &[KvCache<B>],
+    rows: &[usize],
+) -> Result<Vec<KvCache<B>>, InvariantError> {
+    caches.iter().map(|c| c.select_rows(rows)).collect()
+}
+
+/// `rows` of tokens as one `[rows, width]` tensor, each left-padded (`left = true`) or
+/// right-padded with `pad`.
+pub fn padded_tokens<B: Backend>(
+    rows: &[&[i64]],
+    width: usize,
+    pad: i64,
+    left: bool,
+    device: &B::Device,
+) -> Tensor<B, 2, Int> {
+    let mut data = Vec::with_capacity(rows.len() * width);
+    for row in rows {
+        let fill = std::iter::repeat_n(pad, width - row.len());
+        if left {
+            data.extend(fill.chain(row.iter().copied()));
+        } else {
+            data.extend(row.iter().copied().chain(fill));
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [rows.len(), width]), device)
+}
