@@ -202,22 +202,25 @@ pub(crate) const fn stage_len(outer: usize, inner: usize) -> usize {
 
 /// `rms_norm`: lanes of the per-row sums (`Σ x²`, `Σ g·x`). Lane `t` is an fma chain over
 /// `d = t, t + 256, …` ascending from +0.0; the lanes are combined by the fixed pairwise tree
-/// `lane[t] += lane[t + s]` for `s = 128, 64, …, 1`. One cube of this many units per row.
+/// `lane[t] += lane[t + s]` for `s = 128, 64, …, 1`.
 pub const RMS_NORM_LANES: usize = 256;
 /// `rms_norm` backward: rows of one `dGamma` block (an fma chain over the block's rows per
 /// column; the block partials are then added in ascending block order).
 pub const RMS_NORM_ROW_BLOCK: usize = 256;
-/// `rms_norm`: elements each unit loads before it runs their fma steps (in the same order), so
-/// that loads overlap. Changes no bit.
-pub const RMS_NORM_BATCH: usize = 4;
-/// `rms_norm` backward: columns of one cube of the element-wise + `dGamma` kernel (one unit per
-/// column).
-pub const RMS_NORM_COL_TILE: usize = 64;
-/// `rms_norm` backward: rows each unit of the element-wise + `dGamma` kernel loads before it
-/// runs their steps (in row order). Changes no bit.
-pub const RMS_NORM_ROW_BATCH: usize = 8;
-/// `rms_norm` backward: bytes of `x` and `dy` per host-side row chunk (whole row blocks), so the
-/// element-wise pass re-reads what the statistics pass just read from L2 rather than DRAM.
-/// A performance knob only: every row and every row block is computed the same way whatever the
-/// chunking.
-pub const RMS_NORM_BWD_CHUNK_BYTES: usize = 16 << 20;
+/// `rms_norm` forward: vectors each unit loads at once before their fma steps; a row of at most
+/// `256 · RMS_NORM_BATCH` elements stays in registers for the output pass (longer rows are
+/// re-read the same way). Changes no bit.
+pub const RMS_NORM_BATCH: usize = 16;
+/// `rms_norm` backward, `dx` rows: vectors of `x`, `dy` and `gamma` each unit loads at once
+/// before their fma steps (kept for the `dx` pass when the row fits one batch, else re-read).
+/// Changes no bit.
+pub const RMS_NORM_BWD_BATCH: usize = 8;
+/// `rms_norm` backward, `dGamma` partials: rows each unit loads before their fma steps. Changes
+/// no bit.
+pub const RMS_NORM_ROW_BATCH: usize = 64;
+/// `rms_norm`: widest global load in bytes (the width in elements is the widest power of two the
+/// runtime and every operand's layout allow). Changes no bit.
+pub const RMS_NORM_VECTOR_BYTES: usize = 8;
+/// `rms_norm` backward, `dGamma` partials: widest vector (elements) of `x` and `dy` per unit,
+/// i.e. adjacent columns per unit. Changes no bit.
+pub const RMS_NORM_DGAMMA_WIDTH: usize = 2;

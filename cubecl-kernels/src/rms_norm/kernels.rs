@@ -1,45 +1,74 @@
 //! The `rms_norm` kernels. Each mirrors the Reference (`src/ops/rms_norm/oracle.rs`) operation
 //! for operation: every product that feeds a sum is an explicit [`fma_f32`], sums start at +0.0,
-//! and values are upcast to f32 on load and rounded once on store.
+//! values are upcast to f32 on load and rounded once on store.
+//!
+//! Global memory moves in vectors of `w` elements (`w = 1` where a tensor is not contiguous and
+//! aligned; the host picks `w`). In the row kernels a row's 256 lanes belong to `256 / w` units:
+//! unit `u` loads the vectors `k·256 + w·u` (`k = 0, 1, …`) and owns lanes `w·u .. w·u + w`, so
+//! lane `t` is still the fma chain over `d = t, t + 256, …` ascending. Loads are clamped into the
+//! row (always valid addresses) and their terms selected away, so a batch of loads issues at once.
 
-use crate::consts::{
-    RMS_NORM_BATCH, RMS_NORM_COL_TILE, RMS_NORM_LANES, RMS_NORM_ROW_BATCH, RMS_NORM_ROW_BLOCK,
-};
+use crate::consts::{RMS_NORM_LANES, RMS_NORM_ROW_BLOCK};
 use crate::gemm::fma::fma_f32;
 use crate::gemm::view::StridedView;
 use cubecl::prelude::*;
 
+/// Partials each unit of the `dGamma` sum loads at once (then adds in order).
+const PARTIALS_BATCH: usize = 8;
+
 /// Levels of the lane tree (`log2(RMS_NORM_LANES)`).
 const TREE_LEVELS: usize = RMS_NORM_LANES.trailing_zeros() as usize;
 
-/// `lane[t] += lane[t + s]` for `s = 128, …, 1` over the cube's lanes, for two sums at once;
-/// returns lane 0 of each. Every unit of the cube must call it.
+/// The row kernels' unit geometry: (unit of the row along x, row of the cube along y).
 #[cube]
-fn lane_tree(a: f32, b: f32, #[comptime] two: bool) -> (f32, f32) {
-    let t = UNIT_POS_X as usize;
-    let mut a_s = SharedMemory::<f32>::new(RMS_NORM_LANES);
-    let mut b_s = SharedMemory::<f32>::new(RMS_NORM_LANES);
-    a_s[t] = a;
-    if comptime![two] {
-        b_s[t] = b;
+fn row_geometry() -> (usize, usize) {
+    (UNIT_POS_X as usize, UNIT_POS_Y as usize)
+}
+
+/// `lane[t] += lane[t + s]` for `s = 128, …, 1` over the 256 lanes of each row of the cube
+/// (`lanes_*[j]` is lane `w·u + j` of this unit), for one or two sums; returns lane 0 of each.
+/// Every unit of the cube must call it.
+#[cube]
+fn lane_tree(
+    lanes_a: &Array<f32>,
+    lanes_b: &Array<f32>,
+    #[comptime] w: usize,
+    #[comptime] rows_per_cube: usize,
+    #[comptime] two: bool,
+) -> (f32, f32) {
+    let units = comptime!(RMS_NORM_LANES / w);
+    let (u, ry) = row_geometry();
+    let base = ry * RMS_NORM_LANES;
+    let mut a_s = SharedMemory::<f32>::new(rows_per_cube * RMS_NORM_LANES);
+    let mut b_s = SharedMemory::<f32>::new(rows_per_cube * RMS_NORM_LANES);
+    #[unroll]
+    for j in 0..w {
+        a_s[base + w * u + j] = lanes_a[j];
+        if comptime![two] {
+            b_s[base + w * u + j] = lanes_b[j];
+        }
     }
     sync_cube();
     #[unroll]
     for level in 0..TREE_LEVELS {
-        let s = RMS_NORM_LANES >> (level + 1);
-        if t < s {
-            a_s[t] += a_s[t + s];
-            if comptime![two] {
-                b_s[t] += b_s[t + s];
+        let s = comptime!(RMS_NORM_LANES >> (level + 1));
+        #[unroll]
+        for q in 0..comptime!(s.div_ceil(units)) {
+            let t = q * units + u;
+            if t < s {
+                a_s[base + t] += a_s[base + t + s];
+                if comptime![two] {
+                    b_s[base + t] += b_s[base + t + s];
+                }
             }
         }
         sync_cube();
     }
     let mut b0 = 0.0f32;
     if comptime![two] {
-        b0 = b_s[0];
+        b0 = b_s[base];
     }
-    (a_s[0], b0)
+    (a_s[base], b0)
 }
 
 /// `1 / sqrt(ss / D + eps)`.
@@ -48,205 +77,376 @@ fn inv_rms(ss: f32, d_f: f32, eps: f32) -> f32 {
     1.0f32 / f32::sqrt(ss / d_f + eps)
 }
 
-/// `y[row, :] = (x·r)·gamma` with `r = 1 / sqrt(Σ x² / D + eps)`: one cube of
-/// `RMS_NORM_LANES` units per row (row = `CUBE_POS_X`, from the views' offsets).
+/// `y[row, :] = (x·r)·gamma` with `r = 1 / sqrt(Σ x² / D + eps)`, `rows_per_cube` rows per cube
+/// (row = `CUBE_POS_X · rows_per_cube + UNIT_POS_Y`, below `rows`; from the views' offsets).
+/// Each unit loads `batch` vectors at once before their fma steps; a row of at most `256·batch`
+/// elements stays in registers for the output pass, longer rows are re-read.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
-pub(crate) fn rms_norm_forward_kernel<F: Float>(
-    x: &Tensor<F>,
+pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
     xo: StridedView,
-    gamma: &Tensor<F>,
+    gamma: &Tensor<Vector<F, N>>,
     g_off: u32,
     g_stride: u32,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<Vector<F, N>>,
     oo: StridedView,
-    d: u32,
-    d_f: f32,
-    eps: f32,
-    #[comptime] emulate_fma: bool,
-    #[define(F)] _dtype: StorageType,
-) {
-    let unroll = comptime!(!emulate_fma);
-    let t = UNIT_POS_X as usize;
-    let row = CUBE_POS_X as usize;
-    let d = d as usize;
-    let xb = xo.offset as usize + row * xo.s0 as usize;
-    let xs = xo.s1 as usize;
-    let step = RMS_NORM_LANES * RMS_NORM_BATCH;
-    let mut lane = 0.0f32;
-    for b in 0..d.div_ceil(step) {
-        let mut v = Array::<f32>::new(RMS_NORM_BATCH);
-        #[unroll]
-        for j in 0..RMS_NORM_BATCH {
-            let i = b * step + j * RMS_NORM_LANES + t;
-            let mut e = 0.0f32;
-            if i < d {
-                e = f32::cast_from(x[xb + i * xs]);
-            }
-            v[j] = e;
-        }
-        #[unroll(unroll)]
-        for j in 0..RMS_NORM_BATCH {
-            if b * step + j * RMS_NORM_LANES + t < d {
-                lane = fma_f32(v[j], v[j], lane, emulate_fma);
-            }
-        }
-    }
-    let (ss, _) = lane_tree(lane, 0.0f32, false);
-    let r = inv_rms(ss, d_f, eps);
-    let ob = oo.offset as usize + row * oo.s0 as usize;
-    let os = oo.s1 as usize;
-    let mut i = t;
-    while i < d {
-        let xv = f32::cast_from(x[xb + i * xs]);
-        let gv = f32::cast_from(gamma[g_off as usize + i * g_stride as usize]);
-        out[ob + i * os] = F::cast_from((xv * r) * gv);
-        i += RMS_NORM_LANES;
-    }
-}
-
-/// Per row of the chunk (row = `CUBE_POS_X`): `r = 1 / sqrt(Σ x² / D + eps)` and
-/// `c = ((r·r)·r)·Σ (dy·gamma)·x / D`, into `ws[r_off + row]` and `ws[c_off + row]`.
-#[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
-pub(crate) fn rms_norm_stats_kernel<F: Float>(
-    x: &Tensor<F>,
-    xo: StridedView,
-    dy: &Tensor<F>,
-    dyo: StridedView,
-    gamma: &Tensor<F>,
-    g_off: u32,
-    g_stride: u32,
-    ws: &mut Tensor<f32>,
-    r_off: u32,
-    c_off: u32,
-    d: u32,
-    d_f: f32,
-    eps: f32,
-    #[comptime] emulate_fma: bool,
-    #[define(F)] _dtype: StorageType,
-) {
-    let unroll = comptime!(!emulate_fma);
-    let t = UNIT_POS_X as usize;
-    let row = CUBE_POS_X as usize;
-    let d = d as usize;
-    let xb = xo.offset as usize + row * xo.s0 as usize;
-    let xs = xo.s1 as usize;
-    let db = dyo.offset as usize + row * dyo.s0 as usize;
-    let ds = dyo.s1 as usize;
-    let step = RMS_NORM_LANES * RMS_NORM_BATCH;
-    let mut ss_lane = 0.0f32;
-    let mut dot_lane = 0.0f32;
-    for b in 0..d.div_ceil(step) {
-        let mut xv = Array::<f32>::new(RMS_NORM_BATCH);
-        let mut gv = Array::<f32>::new(RMS_NORM_BATCH);
-        #[unroll]
-        for j in 0..RMS_NORM_BATCH {
-            let i = b * step + j * RMS_NORM_LANES + t;
-            let mut xe = 0.0f32;
-            let mut ge = 0.0f32;
-            if i < d {
-                xe = f32::cast_from(x[xb + i * xs]);
-                let dye = f32::cast_from(dy[db + i * ds]);
-                ge = dye * f32::cast_from(gamma[g_off as usize + i * g_stride as usize]);
-            }
-            xv[j] = xe;
-            gv[j] = ge;
-        }
-        #[unroll(unroll)]
-        for j in 0..RMS_NORM_BATCH {
-            if b * step + j * RMS_NORM_LANES + t < d {
-                ss_lane = fma_f32(xv[j], xv[j], ss_lane, emulate_fma);
-                dot_lane = fma_f32(gv[j], xv[j], dot_lane, emulate_fma);
-            }
-        }
-    }
-    let (ss, dot) = lane_tree(ss_lane, dot_lane, true);
-    if t == 0 {
-        let r = inv_rms(ss, d_f, eps);
-        ws[r_off as usize + row] = r;
-        ws[c_off as usize + row] = ((r * r) * r) * dot / d_f;
-    }
-}
-
-/// For one (row block = `CUBE_POS_Y`, column tile = `CUBE_POS_X`) of the chunk, one unit per
-/// column: `dx = fma(-x, c, r·(dy·gamma))` for every row of the block, and the block's `dGamma`
-/// partial `fma(dy, x·r, part)` over its rows ascending (rows with `dy == 0` skipped) into
-/// `ws[part_off + block·part_stride + col]`.
-#[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
-pub(crate) fn rms_norm_grad_kernel<F: Float>(
-    x: &Tensor<F>,
-    xo: StridedView,
-    dy: &Tensor<F>,
-    dyo: StridedView,
-    gamma: &Tensor<F>,
-    g_off: u32,
-    g_stride: u32,
-    dx: &mut Tensor<F>,
-    dxo: StridedView,
-    ws: &mut Tensor<f32>,
-    r_off: u32,
-    c_off: u32,
-    part_off: u32,
-    part_stride: u32,
     rows: u32,
-    cols: u32,
+    d: u32,
+    d_f: f32,
+    eps: f32,
+    #[comptime] w: usize,
+    #[comptime] batch: usize,
     #[comptime] emulate_fma: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let unroll = comptime!(!emulate_fma);
-    let col = CUBE_POS_X as usize * RMS_NORM_COL_TILE + UNIT_POS_X as usize;
-    let block = CUBE_POS_Y as usize;
+    let rows_per_cube = comptime!(w);
+    let (u, ry) = row_geometry();
+    let row = CUBE_POS_X as usize * rows_per_cube + ry;
+    // Rows past the end run the launch's last row (valid addresses) and write nothing.
+    let active = row < rows as usize;
+    let row_c = min(row, rows as usize - 1);
+    let d = d as usize;
+    let xb = xo.offset as usize + row_c * xo.s0 as usize;
+    let xs = xo.s1 as usize;
+    let gb = g_off as usize;
+    let gs = g_stride as usize;
+    let last = d - w;
+    let rounds = d.div_ceil(RMS_NORM_LANES);
+    let batches = rounds.div_ceil(batch);
+    let mut lanes = Array::<f32>::new(w);
+    #[unroll]
+    for j in 0..w {
+        lanes[j] = 0.0f32;
+    }
+    let mut v = Array::<Vector<F, N>>::new(batch);
+    for b in 0..batches {
+        #[unroll]
+        for k in 0..batch {
+            let e = (b * batch + k) * RMS_NORM_LANES + w * u;
+            v[k] = x[(xb + min(e, last) * xs) / w];
+        }
+        #[unroll(unroll)]
+        for k in 0..batch {
+            let e = (b * batch + k) * RMS_NORM_LANES + w * u;
+            let vk = v[k];
+            #[unroll]
+            for j in 0..w {
+                let xe = f32::cast_from(vk[j]);
+                lanes[j] = select(e < d, fma_f32(xe, xe, lanes[j], emulate_fma), lanes[j]);
+            }
+        }
+    }
+    let (ss, _) = lane_tree(&lanes, &lanes, w, rows_per_cube, false);
+    let r = inv_rms(ss, d_f, eps);
+    let ob = oo.offset as usize + row_c * oo.s0 as usize;
+    let os = oo.s1 as usize;
+    // The output pass: the row from registers where it fits one batch, else re-read (from
+    // L1/L2) a batch of loads at a time.
+    let mut gv = Array::<Vector<F, N>>::new(batch);
+    for b in 0..batches {
+        #[unroll]
+        for k in 0..batch {
+            let e = min((b * batch + k) * RMS_NORM_LANES + w * u, last);
+            if batches > 1 {
+                v[k] = x[(xb + e * xs) / w];
+            }
+            gv[k] = gamma[(gb + e * gs) / w];
+        }
+        #[unroll]
+        for k in 0..batch {
+            let e = (b * batch + k) * RMS_NORM_LANES + w * u;
+            if active && e < d {
+                let (vk, gk) = (v[k], gv[k]);
+                let mut o = Vector::<F, N>::empty();
+                #[unroll]
+                for j in 0..w {
+                    o[j] = F::cast_from((f32::cast_from(vk[j]) * r) * f32::cast_from(gk[j]));
+                }
+                out[(ob + e * os) / w] = o;
+            }
+        }
+    }
+}
+
+/// The backward's rows `cube·w ..` (the row of a unit as in the
+/// forward): `r = 1 / sqrt(Σ x² / D + eps)` into `ws[r_off + row]`, `g = dy·gamma`,
+/// `c = ((r·r)·r)·Σ g·x / D` and `dx = fma(−x, c, r·g)`. Every unit of the cube must call it.
+#[cube]
+#[allow(clippy::too_many_arguments)] // #[cube] helpers take each tensor and index separately
+fn dx_rows<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    xo: &StridedView,
+    dy: &Tensor<Vector<F, N>>,
+    dyo: &StridedView,
+    gamma: &Tensor<Vector<F, N>>,
+    gamma_at: (usize, usize),
+    dx: &mut Tensor<Vector<F, N>>,
+    dxo: &StridedView,
+    ws: &mut Tensor<f32>,
+    r_off: usize,
+    rows: usize,
+    cube: usize,
+    d: usize,
+    d_f: f32,
+    eps: f32,
+    #[comptime] w: usize,
+    #[comptime] batch: usize,
+    #[comptime] emulate_fma: bool,
+) {
+    let unroll = comptime!(!emulate_fma);
+    let (u, ry) = row_geometry();
+    let row = cube * w + ry;
+    // Rows past the end run the launch's last row (valid addresses) and write nothing.
+    let active = row < rows;
+    let row_c = min(row, rows - 1);
+    let xb = xo.offset as usize + row_c * xo.s0 as usize;
+    let xs = xo.s1 as usize;
+    let db = dyo.offset as usize + row_c * dyo.s0 as usize;
+    let ds = dyo.s1 as usize;
+    let (gb, gs) = gamma_at;
+    let last = d - w;
+    let batches = d.div_ceil(RMS_NORM_LANES).div_ceil(batch);
+    let mut ss_l = Array::<f32>::new(w);
+    let mut dot_l = Array::<f32>::new(w);
+    #[unroll]
+    for j in 0..w {
+        ss_l[j] = 0.0f32;
+        dot_l[j] = 0.0f32;
+    }
+    let mut xv = Array::<Vector<F, N>>::new(batch);
+    let mut dv = Array::<Vector<F, N>>::new(batch);
+    let mut gv = Array::<Vector<F, N>>::new(batch);
+    for b in 0..batches {
+        #[unroll]
+        for k in 0..batch {
+            let e = min((b * batch + k) * RMS_NORM_LANES + w * u, last);
+            xv[k] = x[(xb + e * xs) / w];
+            dv[k] = dy[(db + e * ds) / w];
+            gv[k] = gamma[(gb + e * gs) / w];
+        }
+        #[unroll(unroll)]
+        for k in 0..batch {
+            let e = (b * batch + k) * RMS_NORM_LANES + w * u;
+            let (xk, dk, gk) = (xv[k], dv[k], gv[k]);
+            #[unroll]
+            for j in 0..w {
+                let xe = f32::cast_from(xk[j]);
+                let g = f32::cast_from(dk[j]) * f32::cast_from(gk[j]);
+                ss_l[j] = select(e < d, fma_f32(xe, xe, ss_l[j], emulate_fma), ss_l[j]);
+                dot_l[j] = select(e < d, fma_f32(g, xe, dot_l[j], emulate_fma), dot_l[j]);
+            }
+        }
+    }
+    let (ss, dot) = lane_tree(&ss_l, &dot_l, w, w, true);
+    let r = inv_rms(ss, d_f, eps);
+    let c = ((r * r) * r) * dot / d_f;
+    if active && u == 0 {
+        ws[r_off + row] = r;
+    }
+    // The dx pass: the row from registers where it fits one batch, else re-read (from L1/L2)
+    // a batch of loads at a time.
+    let ob = dxo.offset as usize + row_c * dxo.s0 as usize;
+    let os = dxo.s1 as usize;
+    for b in 0..batches {
+        if batches > 1 {
+            #[unroll]
+            for k in 0..batch {
+                let e = min((b * batch + k) * RMS_NORM_LANES + w * u, last);
+                xv[k] = x[(xb + e * xs) / w];
+                dv[k] = dy[(db + e * ds) / w];
+                gv[k] = gamma[(gb + e * gs) / w];
+            }
+        }
+        #[unroll(unroll)]
+        for k in 0..batch {
+            let e = (b * batch + k) * RMS_NORM_LANES + w * u;
+            if active && e < d {
+                dx[(ob + e * os) / w] =
+                    dx_vector::<F, N>(xv[k], dv[k], gv[k], r, c, w, emulate_fma);
+            }
+        }
+    }
+}
+
+/// `dx = fma(−x, c, r·(dy·gamma))` of one vector, rounded once.
+#[cube]
+fn dx_vector<F: Float, N: Size>(
+    xk: Vector<F, N>,
+    dk: Vector<F, N>,
+    gk: Vector<F, N>,
+    r: f32,
+    c: f32,
+    #[comptime] w: usize,
+    #[comptime] emulate_fma: bool,
+) -> Vector<F, N> {
+    let mut o = Vector::<F, N>::empty();
+    #[unroll]
+    for j in 0..w {
+        let g = f32::cast_from(dk[j]) * f32::cast_from(gk[j]);
+        o[j] = F::cast_from(fma_f32(-f32::cast_from(xk[j]), c, r * g, emulate_fma));
+    }
+    o
+}
+
+/// One (row block, column tile) of the backward's `dGamma` (`cube` = block ·
+/// `tiles` + tile), each of the cube's 256 units owning `wg` adjacent columns: per column the
+/// block's `dGamma` partial, `fma(dy, x·r, part)` over its rows ascending from +0.0 (rows with
+/// `dy == 0` skipped), into `ws[block·d + col]`. Each unit loads `row_batch` rows before
+/// their steps. Every unit of the cube must call it.
+#[cube]
+#[allow(clippy::too_many_arguments)] // #[cube] helpers take each tensor and index separately
+fn dgamma_block<F: Float, M: Size>(
+    x: &Tensor<Vector<F, M>>,
+    xo: &StridedView,
+    dy: &Tensor<Vector<F, M>>,
+    dyo: &StridedView,
+    ws: &mut Tensor<f32>,
+    r_off: usize,
+    rows: usize,
+    cube: usize,
+    tiles: usize,
+    d: usize,
+    #[comptime] wg: usize,
+    #[comptime] row_batch: usize,
+    #[comptime] emulate_fma: bool,
+) {
+    let unroll = comptime!(!emulate_fma);
+    let u = (UNIT_POS_Y * CUBE_DIM_X + UNIT_POS_X) as usize;
+    let block = cube / tiles;
+    let col = ((cube % tiles) * RMS_NORM_LANES + u) * wg;
     let row0 = block * RMS_NORM_ROW_BLOCK;
-    let end = min(rows as usize, row0 + RMS_NORM_ROW_BLOCK);
-    if col < cols as usize {
-        let gam = f32::cast_from(gamma[g_off as usize + col * g_stride as usize]);
+    let end = min(rows, row0 + RMS_NORM_ROW_BLOCK);
+    // The block's r, staged once per cube.
+    let mut r_s = SharedMemory::<f32>::new(RMS_NORM_ROW_BLOCK);
+    if u < end - row0 {
+        r_s[u] = ws[r_off + row0 + u];
+    }
+    sync_cube();
+    if col < d {
+        let mut part = Array::<f32>::new(wg);
+        #[unroll]
+        for j in 0..wg {
+            part[j] = 0.0f32;
+        }
         let xb = xo.offset as usize + col * xo.s1 as usize;
         let xs = xo.s0 as usize;
         let db = dyo.offset as usize + col * dyo.s1 as usize;
         let ds = dyo.s0 as usize;
-        let ob = dxo.offset as usize + col * dxo.s1 as usize;
-        let os = dxo.s0 as usize;
-        let mut part = 0.0f32;
-        for b in 0..(end - row0).div_ceil(RMS_NORM_ROW_BATCH) {
-            let first = row0 + b * RMS_NORM_ROW_BATCH;
-            let mut xv = Array::<f32>::new(RMS_NORM_ROW_BATCH);
-            let mut dv = Array::<f32>::new(RMS_NORM_ROW_BATCH);
-            let mut rv = Array::<f32>::new(RMS_NORM_ROW_BATCH);
-            let mut cv = Array::<f32>::new(RMS_NORM_ROW_BATCH);
+        let mut xv = Array::<Vector<F, M>>::new(row_batch);
+        let mut dv = Array::<Vector<F, M>>::new(row_batch);
+        for b in 0..(end - row0).div_ceil(row_batch) {
+            let first = row0 + b * row_batch;
             #[unroll]
-            for j in 0..RMS_NORM_ROW_BATCH {
-                let row = first + j;
-                let mut xe = 0.0f32;
-                let mut de = 0.0f32;
-                let mut re = 0.0f32;
-                let mut ce = 0.0f32;
-                if row < end {
-                    xe = f32::cast_from(x[xb + row * xs]);
-                    de = f32::cast_from(dy[db + row * ds]);
-                    re = ws[r_off as usize + row];
-                    ce = ws[c_off as usize + row];
-                }
-                xv[j] = xe;
-                dv[j] = de;
-                rv[j] = re;
-                cv[j] = ce;
+            for i in 0..row_batch {
+                let row = min(first + i, end - 1);
+                xv[i] = x[(xb + row * xs) / wg];
+                dv[i] = dy[(db + row * ds) / wg];
             }
             #[unroll(unroll)]
-            for j in 0..RMS_NORM_ROW_BATCH {
-                let row = first + j;
-                if row < end {
-                    let (xe, de, re) = (xv[j], dv[j], rv[j]);
-                    let g = de * gam;
-                    dx[ob + row * os] = F::cast_from(fma_f32(-xe, cv[j], re * g, emulate_fma));
-                    if de != 0.0f32 {
-                        part = fma_f32(de, xe * re, part, emulate_fma);
-                    }
+            for i in 0..row_batch {
+                let row = first + i;
+                let re = r_s[min(row, end - 1) - row0];
+                let (xk, dk) = (xv[i], dv[i]);
+                #[unroll]
+                for j in 0..wg {
+                    let de = f32::cast_from(dk[j]);
+                    let next = fma_f32(de, f32::cast_from(xk[j]) * re, part[j], emulate_fma);
+                    part[j] = select(row >= end || de == 0.0f32, part[j], next);
                 }
             }
         }
-        ws[part_off as usize + block * part_stride as usize + col] = part;
+        #[unroll]
+        for j in 0..wg {
+            ws[block * d + col + j] = part[j];
+        }
+    }
+}
+
+/// `dx` and `r` of the launch's rows, `w` rows per cube (see [`dx_rows`]).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
+pub(crate) fn rms_norm_dx_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    xo: StridedView,
+    dy: &Tensor<Vector<F, N>>,
+    dyo: StridedView,
+    gamma: &Tensor<Vector<F, N>>,
+    g_off: u32,
+    g_stride: u32,
+    dx: &mut Tensor<Vector<F, N>>,
+    dxo: StridedView,
+    ws: &mut Tensor<f32>,
+    r_off: u32,
+    rows: u32,
+    d: u32,
+    d_f: f32,
+    eps: f32,
+    #[comptime] w: usize,
+    #[comptime] batch: usize,
+    #[comptime] emulate_fma: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    dx_rows::<F, N>(
+        x,
+        &xo,
+        dy,
+        &dyo,
+        gamma,
+        (g_off as usize, g_stride as usize),
+        dx,
+        &dxo,
+        ws,
+        r_off as usize,
+        rows as usize,
+        CUBE_POS_X as usize,
+        d as usize,
+        d_f,
+        eps,
+        w,
+        batch,
+        emulate_fma,
+    );
+}
+
+/// The `dGamma` block partials: cube `CUBE_POS_Y · CUBE_COUNT_X + CUBE_POS_X` (below `cubes`)
+/// is (row block, column tile) = (cube / tiles, cube % tiles) (see [`dgamma_block`]).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
+pub(crate) fn rms_norm_partials_kernel<F: Float, M: Size>(
+    x: &Tensor<Vector<F, M>>,
+    xo: StridedView,
+    dy: &Tensor<Vector<F, M>>,
+    dyo: StridedView,
+    ws: &mut Tensor<f32>,
+    r_off: u32,
+    rows: u32,
+    cubes: u32,
+    tiles: u32,
+    d: u32,
+    #[comptime] wg: usize,
+    #[comptime] row_batch: usize,
+    #[comptime] emulate_fma: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let id = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    if id < cubes as usize {
+        dgamma_block::<F, M>(
+            x,
+            &xo,
+            dy,
+            &dyo,
+            ws,
+            r_off as usize,
+            rows as usize,
+            id,
+            tiles as usize,
+            d as usize,
+            wg,
+            row_batch,
+            emulate_fma,
+        );
     }
 }
 
@@ -268,11 +468,21 @@ pub(crate) fn rms_norm_dgamma_kernel<F: Float>(
 ) {
     let col = CUBE_POS_X as usize * RMS_NORM_LANES + UNIT_POS_X as usize;
     if col < cols as usize {
+        let blocks = blocks as usize;
+        let base = part_off as usize + col;
+        let stride = part_stride as usize;
         let mut total = 0.0f32;
-        for b in 0..blocks as usize {
-            let p = ws[part_off as usize + b * part_stride as usize + col];
-            if p != 0.0f32 {
-                total += p;
+        let mut p = Array::<f32>::new(PARTIALS_BATCH);
+        for b in 0..blocks.div_ceil(PARTIALS_BATCH) {
+            #[unroll]
+            for i in 0..PARTIALS_BATCH {
+                p[i] = ws[base + min(b * PARTIALS_BATCH + i, blocks - 1) * stride];
+            }
+            #[unroll]
+            for i in 0..PARTIALS_BATCH {
+                if b * PARTIALS_BATCH + i < blocks && p[i] != 0.0f32 {
+                    total += p[i];
+                }
             }
         }
         out[o_off as usize + col * o_stride as usize] = F::cast_from(total);

@@ -2,32 +2,35 @@
 //! `r = 1 / sqrt(mean(x²) + eps)`, and its backward: row-invariant, run-to-run deterministic,
 //! bitwise the Reference (`src/ops/rms_norm/oracle.rs`) in f32.
 //!
-//! Kernels (see `kernels.rs`):
-//! * forward: one cube of [`RMS_NORM_LANES`] units per row; unit `t` owns lane `t`
-//!   (`d = t, t + 256, …`, coalesced), the lane tree in shared memory, then each unit writes its
-//!   elements.
-//! * backward, over host-side chunks of whole row blocks (sized so the second pass re-reads `x`
-//!   and `dy` from L2): (1) statistics, one cube per row: `r` and `c = ((r·r)·r)·dot / D` into
-//!   the workspace; (2) element-wise + `dGamma` partials, one cube per (row block, column tile)
-//!   with one unit per column (coalesced): `dx` for every row of the block and the block's fma
-//!   chain over its rows ascending; (3) one unit per column adds the block partials in ascending
-//!   order and rounds once.
+//! Kernels (see `kernels.rs`); global memory moves in vectors of up to `RMS_NORM_VECTOR_BYTES`
+//! where every operand is contiguous and aligned, else element by element (same bits):
+//! * forward: 256 lanes per row held by `256 / w` units (`w` rows per cube); unit `u` loads the
+//!   vectors at `k·256 + w·u` (coalesced) and owns lanes `w·u ..`; the lane tree in shared memory;
+//!   then each unit writes its elements (from registers when the row fits one batch of loads).
+//! * backward: (1) `dx` and the per-row `r` (into the workspace), the forward's shape with both
+//!   sums; (2) the `dGamma` block partials, one cube per (256-row block, column tile), each unit
+//!   owning adjacent columns (coalesced), an fma chain over the block's rows ascending, into the
+//!   workspace; (3) one unit per column adds the block partials in ascending order, rounds once.
+//!   `x` and `dy` are read twice (by (1) and by (2)).
 
 mod kernels;
 
 pub use crate::consts::{RMS_NORM_LANES, RMS_NORM_ROW_BLOCK};
 
-use crate::consts::{RMS_NORM_BWD_CHUNK_BYTES, RMS_NORM_COL_TILE};
+use crate::consts::{
+    RMS_NORM_BATCH, RMS_NORM_BWD_BATCH, RMS_NORM_DGAMMA_WIDTH, RMS_NORM_ROW_BATCH,
+    RMS_NORM_VECTOR_BYTES,
+};
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
 use crate::gemm::view::StridedViewLaunch;
 use crate::util::{
-    FloatDType, View, check_grid, check_out_view, check_runtime_dtype, check_view, chunks,
-    expect_shape, launch_chunks, raw_arg, to_u32,
+    FloatDType, View, check_grid, check_out_view, check_runtime_dtype, check_view, expect_shape,
+    launch_chunks, raw_arg, to_u32,
 };
 use cubecl::prelude::*;
 use kernels::{
-    rms_norm_dgamma_kernel, rms_norm_forward_kernel, rms_norm_grad_kernel, rms_norm_stats_kernel,
+    rms_norm_dgamma_kernel, rms_norm_dx_kernel, rms_norm_forward_kernel, rms_norm_partials_kernel,
     rms_norm_zero_kernel,
 };
 
@@ -56,11 +59,11 @@ pub struct RmsNormGradRefs<'a, R: Runtime> {
 }
 
 /// f32 elements of the workspace [`rms_norm_backward`] needs: the `dGamma` block partials
-/// (`ceil(N / RMS_NORM_ROW_BLOCK) · D`), then the per-row `r` and `c` (`2 · N`).
+/// (`ceil(N / RMS_NORM_ROW_BLOCK) · D`), then the per-row `r` (`N`).
 pub fn rms_norm_backward_workspace_len(n: usize, d: usize) -> usize {
     n.div_ceil(RMS_NORM_ROW_BLOCK)
         .saturating_mul(d)
-        .saturating_add(n.saturating_mul(2))
+        .saturating_add(n)
 }
 
 /// Whether [`rms_norm_forward`] and [`rms_norm_backward`] take `[N, D]` on this client: the
@@ -76,10 +79,42 @@ pub fn rms_norm_limits<R: Runtime>(
     to_u32("x", "elements (N·D)", n.saturating_mul(d))?;
     to_u32(
         "workspace",
-        "f32 elements of the backward's workspace (ceil(N / 256)·D + 2·N)",
+        "f32 elements of the backward's workspace (ceil(N / 256)·D + N)",
         rms_norm_backward_workspace_len(n, d),
     )?;
     Ok(())
+}
+
+/// The widest vector (elements, a power of two up to `max_bytes`) that every operand allows:
+/// `D` a multiple of it, the last dimension contiguous, row strides multiples of it, and the
+/// buffers aligned to it. 1 (scalar) otherwise. Only how bytes travel depends on it.
+fn vector_width<R: Runtime>(
+    client: &ComputeClient<R>,
+    es: usize,
+    max_bytes: usize,
+    d: usize,
+    mats: &[(&TensorBinding<R>, &View)],
+    gamma: (&TensorBinding<R>, &View),
+) -> usize {
+    let aligned = |t: &TensorBinding<R>, w: usize| {
+        t.handle
+            .offset_start
+            .unwrap_or(0)
+            .is_multiple_of((w * es) as u64)
+    };
+    client
+        .io_optimized_vector_sizes(es)
+        .filter(|&w| w * es <= max_bytes && d.is_multiple_of(w))
+        .find(|&w| {
+            w == 1
+                || (mats.iter().all(|(t, v)| {
+                    v.stride(1) == 1
+                        && (v.dim(0) <= 1 || v.stride(0).is_multiple_of(w))
+                        && aligned(t, w)
+                }) && gamma.1.stride(0) == 1
+                    && aligned(gamma.0, w))
+        })
+        .unwrap_or(1)
 }
 
 /// Validated inputs.
@@ -137,13 +172,22 @@ pub fn rms_norm_forward<R: Runtime>(
     let emulate = fma_mode(client) == FmaMode::Emulated;
     let d32 = to_u32("x", "D", c.d)?;
     let dtype = inputs.dtype.storage();
-    for (row, rows) in launch_chunks(client, 0, c.n, 1) {
-        let (gx, _) = check_grid(client, "x", rows, 1)?;
+    let w = vector_width(
+        client,
+        c.es,
+        RMS_NORM_VECTOR_BYTES,
+        c.d,
+        &[(inputs.x, &c.xv), (out, &ov)],
+        (inputs.gamma, &c.gv),
+    );
+    for (row, rows) in launch_chunks(client, 0, c.n, w) {
+        let (gx, _) = check_grid(client, "x", rows.div_ceil(w), 1)?;
         unsafe {
             rms_norm_forward_kernel::launch_unchecked::<R>(
                 client,
                 CubeCount::Static(gx, 1, 1),
-                CubeDim::new_1d(RMS_NORM_LANES as u32),
+                CubeDim::new_2d((RMS_NORM_LANES / w) as u32, w as u32),
+                w,
                 raw_arg(inputs.x),
                 sub_view("x", &c.xv, row, 0)?,
                 raw_arg(inputs.gamma),
@@ -151,24 +195,18 @@ pub fn rms_norm_forward<R: Runtime>(
                 c.gv.stride(0) as u32,
                 raw_arg(out),
                 sub_view("out", &ov, row, 0)?,
+                to_u32("x", "N", rows)?,
                 d32,
                 c.d as f32,
                 inputs.eps,
+                w,
+                RMS_NORM_BATCH,
                 emulate,
                 dtype,
             );
         }
     }
     Ok(())
-}
-
-/// Rows of one backward chunk: whole row blocks, `x` and `dy` of the chunk within
-/// `RMS_NORM_BWD_CHUNK_BYTES` (at least one block), the blocks within the cube count along y.
-fn bwd_chunk_rows<R: Runtime>(client: &ComputeClient<R>, d: usize, es: usize) -> usize {
-    let per_row = (2 * d * es).max(1);
-    let max_y = client.properties().hardware.max_cube_count.1 as usize;
-    let blocks = (RMS_NORM_BWD_CHUNK_BYTES / per_row / RMS_NORM_ROW_BLOCK).clamp(1, max_y.max(1));
-    blocks * RMS_NORM_ROW_BLOCK
 }
 
 /// `grad_x` and `grad_gamma` of [`rms_norm_forward`] for the upstream gradient `grad_out`:
@@ -231,67 +269,79 @@ pub fn rms_norm_backward<R: Runtime>(
     }
     let emulate = fma_mode(client) == FmaMode::Emulated;
     let d32 = to_u32("x", "D", d)?;
+    let w = vector_width(
+        client,
+        es,
+        RMS_NORM_VECTOR_BYTES,
+        d,
+        &[
+            (inputs.x, &c.xv),
+            (grads.grad_out, &dyv),
+            (grads.grad_x, &dxv),
+        ],
+        (inputs.gamma, &c.gv),
+    );
+    let wg = w.min(RMS_NORM_DGAMMA_WIDTH.max(1));
     let blocks = n.div_ceil(RMS_NORM_ROW_BLOCK);
     let r_base = blocks * d;
-    let c_base = r_base + n;
-    for (row, rows) in chunks(n, bwd_chunk_rows(client, d, es)) {
-        // (1) r and c of every row of the chunk.
-        for (sub, sub_rows) in launch_chunks(client, 0, rows, 1) {
-            let first = row + sub;
-            let (gx, _) = check_grid(client, "x", sub_rows, 1)?;
-            unsafe {
-                rms_norm_stats_kernel::launch_unchecked::<R>(
-                    client,
-                    CubeCount::Static(gx, 1, 1),
-                    CubeDim::new_1d(lanes as u32),
-                    raw_arg(inputs.x),
-                    sub_view("x", &c.xv, first, 0)?,
-                    raw_arg(grads.grad_out),
-                    sub_view("grad_out", &dyv, first, 0)?,
-                    raw_arg(inputs.gamma),
-                    0,
-                    gs as u32,
-                    raw_arg(grads.workspace),
-                    to_u32("workspace", "offset", r_base + first)?,
-                    to_u32("workspace", "offset", c_base + first)?,
-                    d32,
-                    d as f32,
-                    inputs.eps,
-                    emulate,
-                    dtype,
-                );
-            }
+    // (1) dx and r, w rows per cube.
+    for (row, rows) in launch_chunks(client, 0, n, w) {
+        let (gx, _) = check_grid(client, "x", rows.div_ceil(w), 1)?;
+        unsafe {
+            rms_norm_dx_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(gx, 1, 1),
+                CubeDim::new_2d((lanes / w) as u32, w as u32),
+                w,
+                raw_arg(inputs.x),
+                sub_view("x", &c.xv, row, 0)?,
+                raw_arg(grads.grad_out),
+                sub_view("grad_out", &dyv, row, 0)?,
+                raw_arg(inputs.gamma),
+                0,
+                gs as u32,
+                raw_arg(grads.grad_x),
+                sub_view("grad_x", &dxv, row, 0)?,
+                raw_arg(grads.workspace),
+                to_u32("workspace", "offset", r_base + row)?,
+                to_u32("x", "N", rows)?,
+                d32,
+                d as f32,
+                inputs.eps,
+                w,
+                RMS_NORM_BWD_BATCH,
+                emulate,
+                dtype,
+            );
         }
-        // (2) dx and the dGamma partials of the chunk's row blocks.
-        let chunk_blocks = rows.div_ceil(RMS_NORM_ROW_BLOCK);
-        for (col, cols) in launch_chunks(client, 0, d, RMS_NORM_COL_TILE) {
-            let (gx, gy) = check_grid(client, "x", cols.div_ceil(RMS_NORM_COL_TILE), chunk_blocks)?;
-            unsafe {
-                rms_norm_grad_kernel::launch_unchecked::<R>(
-                    client,
-                    CubeCount::Static(gx, gy, 1),
-                    CubeDim::new_1d(RMS_NORM_COL_TILE as u32),
-                    raw_arg(inputs.x),
-                    sub_view("x", &c.xv, row, col)?,
-                    raw_arg(grads.grad_out),
-                    sub_view("grad_out", &dyv, row, col)?,
-                    raw_arg(inputs.gamma),
-                    to_u32("gamma", "offset", col * gs)?,
-                    gs as u32,
-                    raw_arg(grads.grad_x),
-                    sub_view("grad_x", &dxv, row, col)?,
-                    raw_arg(grads.workspace),
-                    to_u32("workspace", "offset", r_base + row)?,
-                    to_u32("workspace", "offset", c_base + row)?,
-                    to_u32("workspace", "offset", row / RMS_NORM_ROW_BLOCK * d + col)?,
-                    d32,
-                    to_u32("x", "N", rows)?,
-                    to_u32("x", "D", cols)?,
-                    emulate,
-                    dtype,
-                );
-            }
-        }
+    }
+    // (2) The dGamma partials, one cube per (row block, tile of 256·wg columns).
+    let tiles = d.div_ceil(lanes * wg);
+    let cubes = blocks * tiles;
+    let (max_x, _, _) = client.properties().hardware.max_cube_count;
+    let gx = cubes.min((max_x as usize).max(1));
+    let (gx, gy) = check_grid(client, "x", gx, cubes.div_ceil(gx))?;
+    unsafe {
+        rms_norm_partials_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, 1),
+            CubeDim::new_1d(lanes as u32),
+            wg,
+            raw_arg(inputs.x),
+            sub_view("x", &c.xv, 0, 0)?,
+            raw_arg(grads.grad_out),
+            sub_view("grad_out", &dyv, 0, 0)?,
+            raw_arg(grads.workspace),
+            to_u32("workspace", "offset", r_base)?,
+            to_u32("x", "N", n)?,
+            to_u32("x", "cubes", cubes)?,
+            to_u32("x", "column tiles", tiles)?,
+            d32,
+            wg,
+            RMS_NORM_ROW_BATCH,
+            emulate,
+            dtype,
+        );
     }
     // (3) dGamma: the block partials in ascending order.
     let blocks32 = to_u32("x", "row blocks", blocks)?;
