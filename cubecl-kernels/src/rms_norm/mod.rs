@@ -228,8 +228,46 @@ pub fn rms_norm_backward<R: Runtime>(
     expect_shape("grad_x", &dxv, &[n, d])?;
     let dgv = check_out_view("grad_gamma", grads.grad_gamma, 1, es)?;
     expect_shape("grad_gamma", &dgv, &[d])?;
-    let needed = rms_norm_backward_workspace_len(n, d);
-    let wv = check_out_view("workspace", grads.workspace, 1, 4)?;
+    check_backward_workspace(grads.workspace, rms_norm_backward_workspace_len(n, d))?;
+    if d == 0 {
+        return Ok(());
+    }
+    let w = vector_width(
+        client,
+        es,
+        RMS_NORM_VECTOR_BYTES,
+        d,
+        &[
+            (inputs.x, &c.xv),
+            (grads.grad_out, &dyv),
+            (grads.grad_x, &dxv),
+        ],
+        (inputs.gamma, &c.gv),
+    );
+    let bwd = Backward {
+        client,
+        inputs,
+        grads,
+        c,
+        dyv,
+        dxv,
+        dgs: dgv.stride(0),
+        w,
+    };
+    if n == 0 {
+        return bwd.zero_grad_gamma();
+    }
+    bwd.launch_dx()?;
+    bwd.launch_partials()?;
+    bwd.launch_sum_partials()
+}
+
+/// The workspace holds at least `needed` f32 and is contiguous.
+fn check_backward_workspace<R: Runtime>(
+    workspace: &TensorBinding<R>,
+    needed: usize,
+) -> Result<(), KernelError> {
+    let wv = check_out_view("workspace", workspace, 1, 4)?;
     if wv.dim(0) < needed {
         return Err(KernelError::BufferTooSmall {
             arg: "workspace",
@@ -243,126 +281,156 @@ pub fn rms_norm_backward<R: Runtime>(
             reason: format!("must be contiguous (stride 1), got stride {}", wv.stride(0)),
         });
     }
-    if d == 0 {
-        return Ok(());
+    Ok(())
+}
+
+/// One validated backward call: its three phases share the views.
+struct Backward<'a, R: Runtime> {
+    client: &'a ComputeClient<R>,
+    inputs: &'a RmsNormRefs<'a, R>,
+    grads: &'a RmsNormGradRefs<'a, R>,
+    c: Checked,
+    dyv: View,
+    dxv: View,
+    dgs: usize,
+    /// Vector width of the row kernels.
+    w: usize,
+}
+
+impl<R: Runtime> Backward<'_, R> {
+    fn dtype(&self) -> StorageType {
+        self.inputs.dtype.storage()
     }
-    let dtype = inputs.dtype.storage();
-    let gs = c.gv.stride(0);
-    let (dgs, lanes) = (dgv.stride(0), RMS_NORM_LANES);
-    if n == 0 {
-        for (col, cols) in launch_chunks(client, 0, d, lanes) {
+
+    fn emulate(&self) -> bool {
+        fma_mode(self.client) == FmaMode::Emulated
+    }
+
+    /// Rows of the `r` copies in the workspace start after the dGamma partials.
+    fn r_base(&self) -> usize {
+        self.c.n.div_ceil(RMS_NORM_ROW_BLOCK) * self.c.d
+    }
+
+    /// `N = 0`: `dGamma` is zeros.
+    fn zero_grad_gamma(&self) -> Result<(), KernelError> {
+        let (client, lanes, dgs) = (self.client, RMS_NORM_LANES, self.dgs);
+        for (col, cols) in launch_chunks(client, 0, self.c.d, lanes) {
             let (gx, _) = check_grid(client, "grad_gamma", cols.div_ceil(lanes), 1)?;
             unsafe {
                 rms_norm_zero_kernel::launch_unchecked::<R>(
                     client,
                     CubeCount::Static(gx, 1, 1),
                     CubeDim::new_1d(lanes as u32),
-                    raw_arg(grads.grad_gamma),
+                    raw_arg(self.grads.grad_gamma),
                     to_u32("grad_gamma", "offset", col * dgs)?,
                     dgs as u32,
                     to_u32("grad_gamma", "D", cols)?,
-                    dtype,
+                    self.dtype(),
                 );
             }
         }
-        return Ok(());
+        Ok(())
     }
-    let emulate = fma_mode(client) == FmaMode::Emulated;
-    let d32 = to_u32("x", "D", d)?;
-    let w = vector_width(
-        client,
-        es,
-        RMS_NORM_VECTOR_BYTES,
-        d,
-        &[
-            (inputs.x, &c.xv),
-            (grads.grad_out, &dyv),
-            (grads.grad_x, &dxv),
-        ],
-        (inputs.gamma, &c.gv),
-    );
-    let wg = w.min(RMS_NORM_DGAMMA_WIDTH.max(1));
-    let blocks = n.div_ceil(RMS_NORM_ROW_BLOCK);
-    let r_base = blocks * d;
-    // (1) dx and r, w rows per cube.
-    for (row, rows) in launch_chunks(client, 0, n, w) {
-        let (gx, _) = check_grid(client, "x", rows.div_ceil(w), 1)?;
-        unsafe {
-            rms_norm_dx_kernel::launch_unchecked::<R>(
-                client,
-                CubeCount::Static(gx, 1, 1),
-                CubeDim::new_2d((lanes / w) as u32, w as u32),
-                w,
-                raw_arg(inputs.x),
-                sub_view("x", &c.xv, row, 0)?,
-                raw_arg(grads.grad_out),
-                sub_view("grad_out", &dyv, row, 0)?,
-                raw_arg(inputs.gamma),
-                0,
-                gs as u32,
-                raw_arg(grads.grad_x),
-                sub_view("grad_x", &dxv, row, 0)?,
-                raw_arg(grads.workspace),
-                to_u32("workspace", "offset", r_base + row)?,
-                to_u32("x", "N", rows)?,
-                d32,
-                d as f32,
-                inputs.eps,
-                w,
-                RMS_NORM_BWD_BATCH,
-                emulate,
-                dtype,
-            );
+
+    /// Phase 1: `dx` and `r` of each row, `w` rows per cube.
+    fn launch_dx(&self) -> Result<(), KernelError> {
+        let (client, inputs, grads, c) = (self.client, self.inputs, self.grads, &self.c);
+        let (n, d, lanes) = (c.n, c.d, RMS_NORM_LANES);
+        let w = self.w;
+        let d32 = to_u32("x", "D", d)?;
+        for (row, rows) in launch_chunks(client, 0, n, w) {
+            let (gx, _) = check_grid(client, "x", rows.div_ceil(w), 1)?;
+            unsafe {
+                rms_norm_dx_kernel::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static(gx, 1, 1),
+                    CubeDim::new_2d((lanes / w) as u32, w as u32),
+                    w,
+                    raw_arg(inputs.x),
+                    sub_view("x", &c.xv, row, 0)?,
+                    raw_arg(grads.grad_out),
+                    sub_view("grad_out", &self.dyv, row, 0)?,
+                    raw_arg(inputs.gamma),
+                    0,
+                    c.gv.stride(0) as u32,
+                    raw_arg(grads.grad_x),
+                    sub_view("grad_x", &self.dxv, row, 0)?,
+                    raw_arg(grads.workspace),
+                    to_u32("workspace", "offset", self.r_base() + row)?,
+                    to_u32("x", "N", rows)?,
+                    d32,
+                    d as f32,
+                    inputs.eps,
+                    w,
+                    RMS_NORM_BWD_BATCH,
+                    self.emulate(),
+                    self.dtype(),
+                );
+            }
         }
+        Ok(())
     }
-    // (2) The dGamma partials, one cube per (row block, tile of 256·wg columns).
-    let tiles = d.div_ceil(lanes * wg);
-    let cubes = blocks * tiles;
-    let (max_x, _, _) = client.properties().hardware.max_cube_count;
-    let gx = cubes.min((max_x as usize).max(1));
-    let (gx, gy) = check_grid(client, "x", gx, cubes.div_ceil(gx))?;
-    unsafe {
-        rms_norm_partials_kernel::launch_unchecked::<R>(
-            client,
-            CubeCount::Static(gx, gy, 1),
-            CubeDim::new_1d(lanes as u32),
-            wg,
-            raw_arg(inputs.x),
-            sub_view("x", &c.xv, 0, 0)?,
-            raw_arg(grads.grad_out),
-            sub_view("grad_out", &dyv, 0, 0)?,
-            raw_arg(grads.workspace),
-            to_u32("workspace", "offset", r_base)?,
-            to_u32("x", "N", n)?,
-            to_u32("x", "cubes", cubes)?,
-            to_u32("x", "column tiles", tiles)?,
-            d32,
-            wg,
-            RMS_NORM_ROW_BATCH,
-            emulate,
-            dtype,
-        );
-    }
-    // (3) dGamma: the block partials in ascending order.
-    let blocks32 = to_u32("x", "row blocks", blocks)?;
-    for (col, cols) in launch_chunks(client, 0, d, lanes) {
-        let (gx, _) = check_grid(client, "grad_gamma", cols.div_ceil(lanes), 1)?;
+
+    /// Phase 2: the dGamma partials, one cube per (row block, tile of `256·wg` columns).
+    fn launch_partials(&self) -> Result<(), KernelError> {
+        let (client, inputs, grads, c) = (self.client, self.inputs, self.grads, &self.c);
+        let (n, d, lanes) = (c.n, c.d, RMS_NORM_LANES);
+        let w = self.w;
+        let wg = w.min(RMS_NORM_DGAMMA_WIDTH.max(1));
+        let tiles = d.div_ceil(lanes * wg);
+        let cubes = n.div_ceil(RMS_NORM_ROW_BLOCK) * tiles;
+        let (max_x, _, _) = client.properties().hardware.max_cube_count;
+        let gx = cubes.min((max_x as usize).max(1));
+        let (gx, gy) = check_grid(client, "x", gx, cubes.div_ceil(gx))?;
         unsafe {
-            rms_norm_dgamma_kernel::launch_unchecked::<R>(
+            rms_norm_partials_kernel::launch_unchecked::<R>(
                 client,
-                CubeCount::Static(gx, 1, 1),
+                CubeCount::Static(gx, gy, 1),
                 CubeDim::new_1d(lanes as u32),
+                wg,
+                raw_arg(inputs.x),
+                sub_view("x", &c.xv, 0, 0)?,
+                raw_arg(grads.grad_out),
+                sub_view("grad_out", &self.dyv, 0, 0)?,
                 raw_arg(grads.workspace),
-                to_u32("workspace", "offset", col)?,
-                d32,
-                blocks32,
-                raw_arg(grads.grad_gamma),
-                to_u32("grad_gamma", "offset", col * dgs)?,
-                dgs as u32,
-                to_u32("grad_gamma", "D", cols)?,
-                dtype,
+                to_u32("workspace", "offset", self.r_base())?,
+                to_u32("x", "N", n)?,
+                to_u32("x", "cubes", cubes)?,
+                to_u32("x", "column tiles", tiles)?,
+                to_u32("x", "D", d)?,
+                wg,
+                RMS_NORM_ROW_BATCH,
+                self.emulate(),
+                self.dtype(),
             );
         }
+        Ok(())
     }
-    Ok(())
+
+    /// Phase 3: `dGamma`, the block partials in ascending order.
+    fn launch_sum_partials(&self) -> Result<(), KernelError> {
+        let (client, lanes, dgs, d) = (self.client, RMS_NORM_LANES, self.dgs, self.c.d);
+        let blocks32 = to_u32("x", "row blocks", self.c.n.div_ceil(RMS_NORM_ROW_BLOCK))?;
+        let d32 = to_u32("x", "D", d)?;
+        for (col, cols) in launch_chunks(client, 0, d, lanes) {
+            let (gx, _) = check_grid(client, "grad_gamma", cols.div_ceil(lanes), 1)?;
+            unsafe {
+                rms_norm_dgamma_kernel::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static(gx, 1, 1),
+                    CubeDim::new_1d(lanes as u32),
+                    raw_arg(self.grads.workspace),
+                    to_u32("workspace", "offset", col)?,
+                    d32,
+                    blocks32,
+                    raw_arg(self.grads.grad_gamma),
+                    to_u32("grad_gamma", "offset", col * dgs)?,
+                    dgs as u32,
+                    to_u32("grad_gamma", "D", cols)?,
+                    self.dtype(),
+                );
+            }
+        }
+        Ok(())
+    }
 }
