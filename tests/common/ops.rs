@@ -22,11 +22,12 @@ pub fn qkv<B: Backend>(device: &B::Device, dtype: DType, d: Dims, seed: u64) -> 
     let mut rng = Rng::new(seed);
     let q = [d.batch, d.heads, d.q_len, d.head_dim];
     let kv = [d.batch, d.kv_heads, d.kv_len, d.head_dim];
-    [
-        float(rng.vec(q.iter().product(), 1.0), q, device, dtype),
-        float(rng.vec(kv.iter().product(), 1.0), kv, device, dtype),
-        float(rng.vec(kv.iter().product(), 1.0), kv, device, dtype),
-    ]
+    // cubecl's CUDA upload refuses the zero strides of an empty shape: allocate those instead.
+    let mut make = |shape: [usize; 4]| match shape.iter().product() {
+        0 => Tensor::empty(shape, (device, dtype)),
+        len => float(rng.vec(len, 1.0), shape, device, dtype),
+    };
+    [make(q), make(kv), make(kv)]
 }
 
 /// Plain softmax attention in f64 on the stored values; `[B, H, Q, D]`.

@@ -62,11 +62,19 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
         let kv_shape = inputs.key.meta.shape().to_vec();
         let dtype = inputs.query.dtype;
         let grad_query = empty(&inputs.query, q_shape.clone(), dtype);
+        if q_shape[..3].contains(&0) {
+            // No query: no kernel runs, and no key or value gets a gradient.
+            return AttentionGrads {
+                query: grad_query,
+                key: zeros(&inputs.query, kv_shape.clone(), dtype),
+                value: zeros(&inputs.query, kv_shape, dtype),
+            };
+        }
         let grad_key = empty(&inputs.query, kv_shape.clone(), dtype);
         let grad_value = empty(&inputs.query, kv_shape, dtype);
         let workspace_len =
             kernels::attention_backward_workspace_len(q_shape[0], q_shape[1], q_shape[2]);
-        let workspace = zeros(&inputs.query, vec![workspace_len], DType::F32);
+        let workspace = empty(&inputs.query, vec![workspace_len], DType::F32);
         let (query, key, value) = (
             addressable(inputs.query),
             addressable(inputs.key),
