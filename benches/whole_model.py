@@ -314,6 +314,8 @@ def guarded(name, f):
 def bench():
     s = sizes_from_env()
     dev = "cuda"
+    # The weight formula assumes int64 products wrap on the GPU as on the CPU (checked there).
+    assert torch.equal(hashes(7, 16, 0, 4096, dev).cpu(), hashes(7, 16, 0, 4096, "cpu")), "GPU hash differs"
     start = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start[0].record()
     model = Policy(s, dev, torch.bfloat16, max(capacity(s), s["train_len"]))

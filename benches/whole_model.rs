@@ -24,12 +24,11 @@
 //! `WM_TRAIN_BATCH` 8, `WM_TRAIN_LEN` 2048, `WM_WARMUP` 2, `WM_REPS` 7. Each step is timed as the
 //! median of `WM_REPS` device-synced calls after `WM_WARMUP`; a step that panics (out of memory,
 //! say) prints `SKIP` and `NA`. Output: `RESULT whole_model <variant> impl=.. rollout_ms=..
-//! train_ms=.. rollout_mean_logp=.. train_loss=..`.
+//! train_ms=.. rollout_mean_logp=.. train_loss=..`. If a variant does not fit in 78 GiB (Burn's
+//! training step materializes `[8, 32, 2048, 2048]` attention scores per layer and f32 logits
+//! `[16384, 128256]`), rerun with `WM_TRAIN_BATCH=4` (or `WM_VOCAB=32000`) for every variant.
 #[path = "../examples/transformer_rollout/model.rs"]
 mod model;
-
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::Instant;
 
 use burn::module::Param;
 use burn::nn::{Linear, RmsNorm};
@@ -534,6 +533,8 @@ fn check() {
 mod gpu {
     use super::*;
     use burn::tensor::backend::AutodiffBackend;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::time::Instant;
 
     type Inner = burn_cuda::Cuda<half::bf16, i32>;
     type Train = burn::backend::Autodiff<Inner>;
