@@ -681,17 +681,13 @@ mod gpu {
                 train::<Train, _>(&policy, &s, &device)
             }
         });
-        let fmt = |x: Option<(f64, f64)>, i: usize| {
-            x.map_or("NA".into(), |x| {
-                format!("{:.3}", if i == 0 { x.0 } else { x.1 })
-            })
-        };
+        let fmt = |x: Option<f64>| x.map_or("NA".into(), |x| format!("{x:.3}"));
         println!(
             "RESULT whole_model {variant} impl={label} rollout_ms={} train_ms={} rollout_mean_logp={} train_loss={}",
-            fmt(rolled, 0),
-            fmt(trained, 0),
-            fmt(rolled, 1),
-            fmt(trained, 1)
+            fmt(rolled.map(|r| r.0)),
+            fmt(trained.map(|t| t.0)),
+            fmt(rolled.map(|r| r.1)),
+            fmt(trained.map(|t| t.1))
         );
     }
 
