@@ -16,12 +16,17 @@
 # `attnours` (ours: prefill, decode, RMSNorm), `attnref` (SDPA, Burn), `attnmore` (memory; decode and RMSNorm
 # with BURN_INVARIANT_IMPL=cubecl); `attnsanitize`: compute-sanitizer on the attention and rms_norm tests of
 # cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl.
+# `wholemodel`: issue #24's whole-model timing (.gpu/whole_model, benches/whole_model.rs): ours (registry default, then
+# BURN_INVARIANT_IMPL=cubecl), Burn's own ops, the f32 check (NdArray) and PyTorch (benches/whole_model.py, which also
+# compares its f32 log-probs with the check's); table in $OUT/whole_model.md; its parts `wmours` (check, ours twice)
+# and `wmref` (Burn's ops, PyTorch), one device call each. Sizes from WM_* (default: 4 layers of
+# d_model 4096, 32/8 heads, d_ff 14336, V 128256; decode 64 x 2048, train 8 x 2048).
 set -uo pipefail
-(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk limits gpu_tp attention_report transformer_rollout; do [[ -e $b ]] && chmod +x "$b"; done)
+(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk limits gpu_tp attention_report transformer_rollout whole_model; do [[ -e $b ]] && chmod +x "$b"; done)
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model
+MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -109,6 +114,24 @@ if has model; then
   step model_default 200 .gpu/transformer_rollout; tail -8 "$OUT/model_default.log"
   BURN_INVARIANT_IMPL=cubecl step model_cubecl 200 .gpu/transformer_rollout; tail -8 "$OUT/model_cubecl.log"
 fi
+# wholemodel = wmours + wmref (worst case 780 s of step limits, typically a few minutes); each part rebuilds the table.
+wm_table() {
+  local logs=(); for f in wm_check wm_ours wm_ours_cubecl wm_burn wm_torch; do [[ -s $OUT/$f.log ]] && logs+=("$OUT/$f.log"); done
+  python3 benches/whole_model.py --table ${logs[@]+"${logs[@]}"} > "$OUT/whole_model.md"
+}
+if has wholemodel || has wmours; then
+  step wm_check 60 .gpu/whole_model check
+  step wm_ours 180 .gpu/whole_model ours
+  BURN_INVARIANT_IMPL=cubecl step wm_ours_cubecl 180 .gpu/whole_model ours
+  wm_table
+fi
+if has wholemodel || has wmref; then
+  [[ -s $OUT/wm_check.log ]] || step wm_check 60 .gpu/whole_model check
+  step wm_burn 180 .gpu/whole_model burn
+  step wm_torch 180 python3 benches/whole_model.py "$OUT/wm_check.log"
+  wm_table
+fi
+if has wholemodel || has wmours || has wmref; then cat "$OUT/whole_model.md"; fi
 if has example; then
   step example 120 .gpu/lm_head; tail -6 "$OUT/example.log"
 fi

@@ -73,6 +73,65 @@ impl XorShift {
     }
 }
 
+/// splitmix64's output function: a bijective 64-bit mix.
+pub fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// splitmix64's increment.
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The stream of tensor `id` under `seed`.
+fn stream(seed: u64, id: u64) -> u64 {
+    mix64(seed.wrapping_add(id.wrapping_mul(0xD1B5_4A32_D192_ED03)))
+}
+
+/// Hash `i` of stream `(seed, id)`: a pure function of the index, so large tensors fill in
+/// parallel and `benches/whole_model.py` computes the same bits vectorized.
+pub fn hash_at(seed: u64, id: u64, i: u64) -> u64 {
+    mix64(stream(seed, id).wrapping_add((i + 1).wrapping_mul(GOLDEN)))
+}
+
+/// `n` values uniform in `[-scale, scale)`: `(2u − 1)·scale` in f32, `u` the top 24 bits of
+/// [`hash_at`] over 2²⁴ (exact in f32).
+pub fn hashed_uniform(seed: u64, id: u64, n: usize, scale: f32) -> Vec<f32> {
+    use rayon::prelude::*;
+    (0..n as u64)
+        .into_par_iter()
+        .map(|i| {
+            let u = (hash_at(seed, id, i) >> 40) as f32 / (1u64 << 24) as f32;
+            (2.0 * u - 1.0) * scale
+        })
+        .collect()
+}
+
+/// `n` tokens in `[0, vocab)`: bits 33..64 of [`hash_at`] modulo `vocab`.
+pub fn hashed_tokens(seed: u64, id: u64, n: usize, vocab: usize) -> Vec<i64> {
+    (0..n as u64)
+        .map(|i| ((hash_at(seed, id, i) >> 33) % vocab as u64) as i64)
+        .collect()
+}
+
+/// A `Param` from host f32 values, rounded once to `dtype` (bf16 on the host, in parallel:
+/// a billion-element embedding converts in a fraction of a second).
+fn host_param<B: Backend, const D: usize>(
+    values: Vec<f32>,
+    shape: [usize; D],
+    device: &B::Device,
+    dtype: DType,
+) -> Param<Tensor<B, D>> {
+    use rayon::prelude::*;
+    let data = if dtype == DType::BF16 {
+        let bf: Vec<half::bf16> = values.into_par_iter().map(half::bf16::from_f32).collect();
+        TensorData::new(bf, shape)
+    } else {
+        TensorData::new(values, shape)
+    };
+    Param::from_tensor(Tensor::from_data(data, (device, dtype)))
+}
+
 /// One pre-norm transformer block.
 #[derive(Module, Debug)]
 pub struct Block<B: InvariantBackend> {
@@ -213,6 +272,75 @@ impl<B: InvariantBackend> Policy<B> {
             blocks,
             norm: final_norm,
             head,
+            config,
+        })
+    }
+
+    /// Weights from the per-index formula [`hashed_uniform`] (for real layer shapes: seconds,
+    /// where [`Self::new`]'s sequential xorshift takes minutes). Tensor ids: embedding 0, head
+    /// 1, final norm 2; layer `l` from `16·(l + 1)`: attention norm +0, q +1, k +2, v +3,
+    /// output +4, MLP norm +5, gate +6, up +7, down +8. Linear weights `[d_in, d_out]` are
+    /// uniform in ±sqrt(3 / d_in), norms 1 ± 0.1, the embedding ±1, the head ±2·sqrt(3 /
+    /// d_model); `eos_gain` is not applied.
+    pub fn hashed(
+        config: PolicyConfig,
+        device: &B::Device,
+        dtype: DType,
+    ) -> Result<Self, InvariantError> {
+        let c = config;
+        let fan = |d_in: usize| (3.0 / d_in as f32).sqrt();
+        let linear = |id: u64, d_in: usize, d_out: usize| InvariantLinear {
+            weight: host_param(
+                hashed_uniform(c.seed, id, d_in * d_out, fan(d_in)),
+                [d_in, d_out],
+                device,
+                dtype,
+            ),
+            bias: None,
+        };
+        let norm = |id: u64| {
+            let gamma = hashed_uniform(c.seed, id, c.d_model, 0.1);
+            InvariantRmsNorm {
+                gamma: host_param(
+                    gamma.into_iter().map(|g| 1.0 + g).collect(),
+                    [c.d_model],
+                    device,
+                    dtype,
+                ),
+                epsilon: 1e-5,
+            }
+        };
+        let (q_width, kv_width) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let mut blocks = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers as u64 {
+            let id = 16 * (l + 1);
+            // The config builds the rotary tables; the projections are replaced.
+            let mut attn =
+                InvariantAttentionConfig::new(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim)
+                    .with_max_seq_len(c.max_seq_len)
+                    .init::<B>(device)?;
+            attn.query = linear(id + 1, c.d_model, q_width);
+            attn.key = linear(id + 2, c.d_model, kv_width);
+            attn.value = linear(id + 3, c.d_model, kv_width);
+            attn.output = linear(id + 4, q_width, c.d_model);
+            blocks.push(Block {
+                attn_norm: norm(id),
+                attn,
+                mlp_norm: norm(id + 5),
+                gate: linear(id + 6, c.d_model, c.d_ff),
+                up: linear(id + 7, c.d_model, c.d_ff),
+                down: linear(id + 8, c.d_ff, c.d_model),
+            });
+        }
+        let table = |id: u64, scale: f32| {
+            let values = hashed_uniform(c.seed, id, c.vocab * c.d_model, scale);
+            host_param(values, [c.vocab, c.d_model], device, dtype)
+        };
+        Ok(Self {
+            embed: table(0, 1.0),
+            blocks,
+            norm: norm(2),
+            head: table(1, 2.0 * fan(c.d_model)),
             config,
         })
     }

@@ -240,23 +240,35 @@ impl<B: Backend> KvCache<B> {
                 });
             }
         }
-        for (b, &new) in new_lens.iter().enumerate() {
+        // Moved out, not cloned: with a second handle alive, `slice_assign` copies the whole
+        // cache (a copy per row and layer made batch-64 decode memory-bound on the copies).
+        let mut cache_key = std::mem::replace(&mut self.key, key.clone());
+        let mut cache_value = std::mem::replace(&mut self.value, value.clone());
+        // Equal lengths and counts (a uniform decode step or prefill): one write for all rows.
+        let uniform = self.lens.iter().all(|&l| l == self.lens[0])
+            && new_lens.iter().all(|&n| n == new_lens[0]);
+        let groups: Vec<(std::ops::Range<usize>, usize)> = if uniform && batch > 0 {
+            vec![(0..batch, new_lens[0])]
+        } else {
+            new_lens
+                .iter()
+                .enumerate()
+                .map(|(b, &n)| (b..b + 1, n))
+                .collect()
+        };
+        for (rows, new) in groups {
             if new == 0 {
                 continue;
             }
-            let (len, from) = (self.lens[b], s - new);
-            let src = [b..b + 1, 0..heads, from..s, 0..dim];
-            let dst = [b..b + 1, 0..heads, len..len + new, 0..dim];
-            self.key = self
-                .key
-                .clone()
-                .slice_assign(dst.clone(), key.clone().slice(src.clone()));
-            self.value = self
-                .value
-                .clone()
-                .slice_assign(dst, value.clone().slice(src));
-            self.lens[b] += new;
+            let (len, from) = (self.lens[rows.start], s - new);
+            let src = [rows.clone(), 0..heads, from..s, 0..dim];
+            let dst = [rows.clone(), 0..heads, len..len + new, 0..dim];
+            cache_key = cache_key.slice_assign(dst.clone(), key.clone().slice(src.clone()));
+            cache_value = cache_value.slice_assign(dst, value.clone().slice(src));
+            self.lens[rows].iter_mut().for_each(|l| *l += new);
         }
+        self.key = cache_key;
+        self.value = cache_value;
         Ok(())
     }
 }
