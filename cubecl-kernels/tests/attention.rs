@@ -652,6 +652,24 @@ fn math_matches_reference_bitwise_on<R: Runtime>(client: &ComputeClient<R>) {
     let g: Vec<f32> = pos.iter().map(|&i| got[n + i]).collect();
     let w: Vec<f32> = pos.iter().map(|&i| want_ln[i]).collect();
     assert_bits("ln_p", &g, &w);
+    // IEEE division and root whatever the device's own (Vulkan allows 2.5 ulps), on normal
+    // operands and results.
+    let normal = |v: f32| v.is_normal();
+    let div: Vec<usize> = (0..n)
+        .filter(|&i| {
+            let (a, b) = (xs[i], xs[(i + 1) % n]);
+            normal(a) && normal(b) && normal(a / b)
+        })
+        .collect();
+    let g: Vec<f32> = div.iter().map(|&i| got[2 * n + i]).collect();
+    let w: Vec<f32> = div.iter().map(|&i| xs[i] / xs[(i + 1) % n]).collect();
+    assert_bits("div_rn", &g, &w);
+    let root: Vec<usize> = (0..n)
+        .filter(|&i| normal(xs[i]) && xs[i].abs() < 2f32.powi(125))
+        .collect();
+    let g: Vec<f32> = root.iter().map(|&i| got[3 * n + i]).collect();
+    let w: Vec<f32> = root.iter().map(|&i| xs[i].abs().sqrt()).collect();
+    assert_bits("sqrt_rn", &g, &w);
 }
 
 #[test]

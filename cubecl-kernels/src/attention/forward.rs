@@ -4,7 +4,7 @@
 
 use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, check_inputs};
-use super::math::{exp_p, ln_p, neg_inf};
+use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tile::{
     AttnCfg, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, STAGE_LEN, UNITS, dot_tile,
     kv_len_of, load_chunk, visible,
@@ -323,7 +323,11 @@ pub(crate) fn attention_forward_kernel<F: Float>(
                 for c in 0..2usize {
                     let col = ch * DC + tx + c * UNITS;
                     if col < d {
-                        let val = select(active, o[i * ncol + ch * 2 + c] / lv, 0.0f32);
+                        let val = select(
+                            active,
+                            div_rn(o[i * ncol + ch * 2 + c], lv, emulate),
+                            0.0f32,
+                        );
                         out[base + col * p.o.d as usize] = F::cast_from(val);
                     }
                 }

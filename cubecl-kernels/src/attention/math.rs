@@ -171,7 +171,59 @@ pub fn ln_p(x: f32, #[comptime] emulate: bool) -> f32 {
     )
 }
 
-/// `out[i] = exp_p(x[i])`, `out[n + i] = ln_p(x[i])`, for testing the device functions.
+/// The float next to a finite `x > 0`, one ulp up (`up`) or down.
+#[cube]
+fn step_ulp(x: f32, up: bool) -> f32 {
+    let bits = u32::reinterpret(x);
+    f32::reinterpret(select(up, bits + 1u32, bits - 1u32))
+}
+
+/// `a / b` correctly rounded (IEEE) from any division within a few ulps: Vulkan allows its
+/// division 2.5 ulps, CUDA and CPUs round it correctly, and the contract's `/` is IEEE's.
+/// `q` is made faithful by one fma step, then `r = a − b·q` is exact and picks `q`, the float
+/// above or the one below (a quotient of floats never lies on a midpoint). Normal operands and
+/// results; zeros, ∞ and NaN keep the division's own result.
+#[cube]
+pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
+    let q0 = a / b;
+    let q1 = fma_f32(fma_f32(-b, q0, a, emulate), 1.0f32 / b, q0, emulate);
+    let (sa, sb, q) = (f32::abs(a), f32::abs(b), f32::abs(q1));
+    let up = step_ulp(q, true);
+    let down = step_ulp(q, false);
+    let r = fma_f32(-sb, q, sa, emulate);
+    let mut m = select(r > sb * ((up - q) * 0.5f32), up, q);
+    m = select(r < -(sb * ((q - down) * 0.5f32)), down, m);
+    let normal = q1 == q1 && q > c(comptime![pow2_bits(-126)]) && q < c(INF) && sb < c(INF);
+    select(normal, select(q1 < 0.0f32, -m, m), q1)
+}
+
+/// `√x` correctly rounded (IEEE) from any square root within a few ulps (Vulkan's is not
+/// IEEE). For a candidate `s`, `x − s·s⁺` and `x − s·s⁻` are multiples of `ulp(s)²` and the
+/// squares of the midpoints sit a quarter of that above them, so the signs of two fmas say
+/// exactly whether `√x` lies within `s`'s rounding interval; each step moves `s` one ulp.
+/// `x` normal and below `2¹²⁵`; other inputs keep the root's own result.
+#[cube]
+pub fn sqrt_rn(x: f32, #[comptime] emulate: bool) -> f32 {
+    let s0 = f32::sqrt(x);
+    let mut s = s0;
+    #[unroll]
+    for _ in 0..SQRT_STEPS {
+        let up = step_ulp(s, true);
+        let down = step_ulp(s, false);
+        let low = fma_f32(-s, up, x, emulate) > 0.0f32;
+        let high = fma_f32(-s, down, x, emulate) <= 0.0f32;
+        s = select(low, up, select(high, down, s));
+    }
+    // Below 2¹²⁵ so that no product of the test (nor the emulated fma's splits) overflows.
+    let normal = x > c(comptime![pow2_bits(-126)]) && x < c(comptime![pow2_bits(125)]);
+    select(normal, s, s0)
+}
+
+/// Ulp steps of [`sqrt_rn`]: more than the error of any device's root.
+const SQRT_STEPS: u32 = 4;
+
+/// `out[i] = exp_p(x[i])`, `out[n + i] = ln_p(x[i])`, `out[2n + i] = div_rn(x[i], x[i + 1])`
+/// (`x[0]` after the last), `out[3n + i] = sqrt_rn(|x[i]|)`, for testing the device functions.
 #[cube(launch_unchecked)]
 pub(crate) fn math_probe_kernel(x: &Array<f32>, out: &mut Array<f32>, #[comptime] emulate: bool) {
     let i = ABSOLUTE_POS;
@@ -179,5 +231,7 @@ pub(crate) fn math_probe_kernel(x: &Array<f32>, out: &mut Array<f32>, #[comptime
     if i < n {
         out[i] = exp_p(x[i], emulate);
         out[n + i] = ln_p(x[i], emulate);
+        out[2 * n + i] = div_rn(x[i], x[(i + 1) % n], emulate);
+        out[3 * n + i] = sqrt_rn(f32::abs(x[i]), emulate);
     }
 }

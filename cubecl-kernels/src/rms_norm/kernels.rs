@@ -8,6 +8,7 @@
 //! lane `t` is still the fma chain over `d = t, t + 256, …` ascending. Loads are clamped into the
 //! row (always valid addresses) and their terms selected away, so a batch of loads issues at once.
 
+use crate::attention::math::{div_rn, sqrt_rn};
 use crate::consts::{RMS_NORM_LANES, RMS_NORM_ROW_BLOCK};
 use crate::gemm::fma::fma_f32;
 use crate::gemm::view::StridedView;
@@ -71,10 +72,11 @@ fn lane_tree(
     (a_s[base], b0)
 }
 
-/// `1 / sqrt(ss / D + eps)`.
+/// `1 / sqrt(ss / D + eps)`, each division and the root IEEE-rounded on every device.
 #[cube]
-fn inv_rms(ss: f32, d_f: f32, eps: f32) -> f32 {
-    1.0f32 / f32::sqrt(ss / d_f + eps)
+fn inv_rms(ss: f32, d_f: f32, eps: f32, #[comptime] emulate: bool) -> f32 {
+    let ms = div_rn(ss, d_f, emulate) + eps;
+    div_rn(1.0f32, sqrt_rn(ms, emulate), emulate)
 }
 
 /// `y[row, :] = (x·r)·gamma` with `r = 1 / sqrt(Σ x² / D + eps)`, `rows_per_cube` rows per cube
@@ -139,7 +141,7 @@ pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
         }
     }
     let (ss, _) = lane_tree(&lanes, &lanes, w, rows_per_cube, false);
-    let r = inv_rms(ss, d_f, eps);
+    let r = inv_rms(ss, d_f, eps, emulate_fma);
     let ob = oo.offset as usize + row_c * oo.s0 as usize;
     let os = oo.s1 as usize;
     // The output pass: the row from registers where it fits one batch, else re-read (from
@@ -240,8 +242,8 @@ fn dx_rows<F: Float, N: Size>(
         }
     }
     let (ss, dot) = lane_tree(&ss_l, &dot_l, w, w, true);
-    let r = inv_rms(ss, d_f, eps);
-    let c = ((r * r) * r) * dot / d_f;
+    let r = inv_rms(ss, d_f, eps, emulate_fma);
+    let c = div_rn(((r * r) * r) * dot, d_f, emulate_fma);
     if active && u == 0 {
         ws[r_off + row] = r;
     }
