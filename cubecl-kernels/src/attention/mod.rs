@@ -20,10 +20,13 @@ mod backward;
 mod forward;
 mod inputs;
 pub mod math;
+mod tc_forward;
 mod tile;
 
 pub use backward::attention_backward;
 pub use forward::attention_forward;
+#[doc(hidden)]
+pub use forward::attention_forward_uses_tensor_cores;
 
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
