@@ -108,13 +108,14 @@ fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams) -> TcTile {
 }
 
 /// Stage rows `src.first .. + n` (d columns) of `t` in `smem` (pitch `d + PAD`), zeros at or
-/// past `src.limit`: such rows are never read.
+/// past `src.limit`: such rows are never read. Key rows (`keys`) skip `row_offset`'s divisions.
 #[cube]
 fn stage_rows<F: Float>(
     t: &Tensor<F>,
     src: &RowSrc,
     smem: &mut SharedMemory<F>,
     #[comptime] n: usize,
+    #[comptime] keys: bool,
     #[comptime] cfg: TcCfg,
 ) {
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
@@ -128,7 +129,12 @@ fn stage_rows<F: Float>(
         let r = src.first + rr;
         let mut val = F::new(0.0);
         if r < src.limit {
-            val = t[row_offset(src, r) + cc * src.s_d];
+            let at = if comptime![keys] {
+                src.base + r * src.s_inner
+            } else {
+                row_offset(src, r)
+            };
+            val = t[at + cc * src.s_d];
         }
         smem[rr * pitch + cc] = val;
     }
@@ -182,7 +188,7 @@ fn query_fragments<F: Float>(
         s_inner: p.q.s as usize,
         s_d: p.q.d as usize,
     };
-    stage_rows::<F>(q, &src, smem, TC_ROWS, cfg);
+    stage_rows::<F>(q, &src, smem, TC_ROWS, false, cfg);
     sync_cube();
     let mma = cmma::MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
     let pitch = comptime![cfg.pitch()];
@@ -537,8 +543,8 @@ pub(crate) fn attention_tc_forward_kernel<F: Float>(
         let j0 = kb * KEY_BLOCK;
         let ksrc = key_src(&tile, &p.k, j0, max_vis);
         let vsrc = key_src(&tile, &p.v, j0, max_vis);
-        stage_rows::<F>(k, &ksrc, &mut k_s, KEY_BLOCK, cfg);
-        stage_rows::<F>(v, &vsrc, &mut v_s, KEY_BLOCK, cfg);
+        stage_rows::<F>(k, &ksrc, &mut k_s, KEY_BLOCK, true, cfg);
+        stage_rows::<F>(v, &vsrc, &mut v_s, KEY_BLOCK, true, cfg);
         sync_cube();
         let mut s = scores::<F>(&k_s, &qa, cfg);
         softmax_row(&mut s, &mut r0, j0, p.scale, 0usize, comptime![cfg.emulate]);
