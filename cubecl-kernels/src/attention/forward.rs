@@ -23,7 +23,9 @@ use cubecl::prelude::*;
 /// the last cut at the query's last visible key; per block the score max, `α = exp_p(m − m')`,
 /// `p_j = exp_p(s_j − m')`, `l_b` by ascending adds, `o_b` as an fma chain over the keys, then
 /// `l = fma(l, α, l_b)`, `o = fma(o, α, o_b)`; `out = o / l` rounded once, `lse = m + ln_p(l)`.
-/// Queries with a negative position get zeros and `lse = −∞`.
+/// Queries with a negative position get zeros and `lse = −∞`. f16 / bf16 where
+/// [`attention_forward_uses_tensor_cores`] says so: the tensor-core forward (the contract's
+/// tensor-core arithmetic, [`super::tc_forward`]).
 pub fn attention_forward<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &AttentionRefs<'_, R>,
