@@ -6,7 +6,7 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, check_inputs};
 use super::math::{exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_ROWS, TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported,
+    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split,
 };
 use super::tile::{
     AttnCfg, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, STAGE_LEN, UNITS, dot_tile,
@@ -80,7 +80,7 @@ pub fn attention_forward<R: Runtime>(
 }
 
 /// The tensor-core forward ([`super::tc_forward`]): one cube of 4 warps per 64 rows of a KV
-/// group.
+/// group, or per 16 rows (the warps splitting the columns) where the group has at most 16.
 fn launch_tc<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &AttentionRefs<'_, R>,
@@ -90,12 +90,15 @@ fn launch_tc<R: Runtime>(
     layouts: &Layouts<'_>,
 ) {
     let dims = c.dims;
+    let group_rows = dims.group() * dims.q_len;
+    // The split tiling computes every element as the 64-row one does: it may follow the shape.
     let cfg = TcCfg {
         d: dims.head_dim,
         causal: c.causal,
         emulate: c.cfg(client, 1).emulate,
+        split: tc_split(group_rows, dims.head_dim),
     };
-    let tiles = (dims.group() * dims.q_len).div_ceil(TC_ROWS);
+    let tiles = group_rows.div_ceil(cfg.rows());
     let cubes = dims.batch * dims.kv_heads * tiles;
     for (start, len) in launch_chunks(client, 0, cubes, 1) {
         unsafe {

@@ -1,6 +1,9 @@
 //! The tensor-core forward for f16 / bf16 on CUDA (`ldmatrix` + `mma.sync` 16×8×16, f32
 //! accumulators), FA2-style: one cube of 4 warps per (batch row, KV head, 64 query rows of the
-//! KV head's group), each warp owning 16 rows; keys in blocks of 64 from key 0 ascending.
+//! KV head's group), each warp owning 16 rows; keys in blocks of 64 from key 0 ascending. Where
+//! the group has at most 16 query rows (decode) and Dh is 64 or 128, a cube takes 16 rows and
+//! its warps split `o`'s columns instead (`split`): each computes the same scores and softmax
+//! (the same bits) and a quarter of `P·V`, whose 16×8 fragments are independent of each other.
 //!
 //! Why the bits stay batch-invariant (docs/CONTRACT.md, *attention semantics*): an MMA output
 //! row depends only on its own A row, so a row's scores, its softmax state and its `o` come from
@@ -41,12 +44,43 @@ pub(crate) struct TcCfg {
     pub d: usize,
     pub causal: bool,
     pub emulate: bool,
+    /// 16 query rows per cube, the warps splitting `o`'s columns.
+    pub split: bool,
 }
 
 impl TcCfg {
     /// Row pitch (elements) of a staged Q, K or V tile.
     fn pitch(&self) -> usize {
         self.d + PAD
+    }
+    /// Query rows of a cube.
+    pub(crate) fn rows(&self) -> usize {
+        if self.split { 16 } else { TC_ROWS }
+    }
+    /// Columns of `o` a warp owns.
+    fn cols(&self) -> usize {
+        if self.split {
+            self.d / TC_WARPS
+        } else {
+            self.d
+        }
+    }
+}
+
+/// Whether a cube may take 16 rows with the warps splitting the columns: few rows per KV head
+/// (decode) and warp column shares that are whole `ldmatrix` x4 pairs (16 columns).
+pub(crate) fn tc_split(group_rows: usize, head_dim: usize) -> bool {
+    group_rows <= 16 && head_dim.is_multiple_of(16 * TC_WARPS)
+}
+
+/// The first row (in the cube) of this warp's 16 and the first column of its share of `o`.
+#[cube]
+fn warp_origin(#[comptime] cfg: TcCfg) -> (usize, usize) {
+    let warp = UNIT_POS_Y as usize;
+    if comptime![cfg.split] {
+        (0usize, warp * comptime![cfg.cols()])
+    } else {
+        (warp * 16, 0usize)
     }
 }
 
@@ -91,17 +125,18 @@ struct Row {
 
 /// The cube's tile of `p`'s grid.
 #[cube]
-fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams) -> TcTile {
+fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: TcCfg) -> TcTile {
+    let rows = comptime![cfg.rows()];
     let q_len = p.q_len as usize;
     let gq = p.group as usize * q_len;
-    let tiles = gq.div_ceil(TC_ROWS);
+    let tiles = gq.div_ceil(rows);
     let cube = p.offset as usize + CUBE_POS_X as usize;
     let bkh = cube / tiles;
     let b = bkh / p.kv_heads as usize;
     TcTile {
         b,
         kh: bkh % p.kv_heads as usize,
-        r0: (cube % tiles) * TC_ROWS,
+        r0: (cube % tiles) * rows,
         gq,
         len: kv_len_of(kv_lens, b * p.lens as usize, p.kv_len),
     }
@@ -149,7 +184,8 @@ fn row_visibility(
     #[comptime] cfg: TcCfg,
 ) -> u32 {
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
-    if tid < TC_ROWS {
+    let rows = comptime![cfg.rows()];
+    if tid < rows {
         let r = tile.r0 + tid;
         let mut vis = 0u32;
         if r < tile.gq {
@@ -164,7 +200,7 @@ fn row_visibility(
     }
     sync_cube();
     let mut max_vis = 0u32;
-    for rr in 0..TC_ROWS {
+    for rr in 0..rows {
         max_vis = max(max_vis, vis_s[rr]);
     }
     max_vis
@@ -188,13 +224,13 @@ fn query_fragments<F: Float>(
         s_inner: p.q.s as usize,
         s_d: p.q.d as usize,
     };
-    stage_rows::<F>(q, &src, smem, TC_ROWS, false, cfg);
+    stage_rows::<F>(q, &src, smem, comptime![cfg.rows()], false, cfg);
     sync_cube();
     let mma = cmma::MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
     let pitch = comptime![cfg.pitch()];
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
-    let r = UNIT_POS_Y as usize * 16;
+    let (r, _) = warp_origin(cfg);
     let mut frags = Sequence::<Array<Vector<F, Const<2>>>>::new();
     // ldmatrix x4: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
     // (rows 8-15, k 8-15), as the GEMM's A operand with k contiguous.
@@ -422,14 +458,15 @@ fn accumulate_pv<F: Float>(
     let pitch = comptime![cfg.pitch()];
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
+    let (_, col0) = warp_origin(cfg);
     #[unroll]
     for kk in 0..comptime![KEY_BLOCK / 16] {
         #[unroll]
-        for j in 0..comptime![cfg.d / 16] {
+        for j in 0..comptime![cfg.cols() / 16] {
             // B = V staged with d contiguous (the GEMM's `b_nfast = true`, transposed
             // ldmatrix): matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
             // (keys 8-15, d 8-15).
-            let e = (kk * 16 + (quad % 2) * 8 + within) * pitch + j * 16 + (quad / 2) * 8;
+            let e = (kk * 16 + (quad % 2) * 8 + within) * pitch + col0 + j * 16 + (quad / 2) * 8;
             let quad_b = mma.load_matrix::<F, Const<2>>(
                 &v_s.slice(e, e + 8),
                 cmma::MatrixIdent::B,
@@ -456,26 +493,27 @@ fn store_row<F: Float>(
 ) {
     let lane = UNIT_POS_X as usize;
     let (g, t) = (lane / 4, lane % 4);
-    let r = tile.r0 + UNIT_POS_Y as usize * 16 + g + h * 8;
+    let (row0, col0) = warp_origin(cfg);
+    let r = tile.r0 + row0 + g + h * 8;
     if r < tile.gq {
         let q_len = p.q_len as usize;
         let head = tile.kh * p.group as usize + r / q_len;
         let base = tile.b * p.o.b as usize + head * p.o.h as usize + (r % q_len) * p.o.s as usize;
         let active = row.vis > 0u32;
         #[unroll]
-        for j in 0..comptime![cfg.d / 8] {
+        for j in 0..comptime![cfg.cols() / 8] {
             let pair = o.index(j)[h];
             #[unroll]
             for c in 0..2usize {
                 let x = pair[c] / row.l;
                 let x = select(active && x != 0.0f32, x, 0.0f32);
-                out[base + (j * 8 + 2 * t + c) * p.o.d as usize] = F::cast_from(x);
+                out[base + (col0 + j * 8 + 2 * t + c) * p.o.d as usize] = F::cast_from(x);
             }
         }
     }
 }
 
-/// Row `h`'s `lse = m + ln_p(l)` (−∞ without a visible key), written by the quad's first lane.
+/// Row `h`'s `lse = m + ln_p(l)` (−∞ without a visible key), written by one lane.
 #[cube]
 fn store_lse(
     lse: &mut Tensor<f32>,
@@ -483,19 +521,21 @@ fn store_lse(
     tile: &TcTile,
     p: &AttnParams,
     #[comptime] h: usize,
-    #[comptime] emulate: bool,
+    #[comptime] cfg: TcCfg,
 ) {
     let lane = UNIT_POS_X as usize;
     let (g, t) = (lane / 4, lane % 4);
-    let r = tile.r0 + UNIT_POS_Y as usize * 16 + g + h * 8;
-    if r < tile.gq && t == 0 {
+    let (row0, col0) = warp_origin(cfg);
+    let r = tile.r0 + row0 + g + h * 8;
+    // One lane per row: the quad's first, of the warp owning the first columns.
+    if r < tile.gq && t == 0 && col0 == 0 {
         let q_len = p.q_len as usize;
         let head = tile.kh * p.group as usize + r / q_len;
         let at =
             tile.b * p.lse.b as usize + head * p.lse.h as usize + (r % q_len) * p.lse.s as usize;
         let mut val = neg_inf();
         if row.vis > 0u32 {
-            val = row.m + ln_p(row.l, emulate);
+            val = row.m + ln_p(row.l, comptime![cfg.emulate]);
         }
         lse[at] = val;
     }
@@ -515,7 +555,7 @@ pub(crate) fn attention_tc_forward_kernel<F: Float>(
     #[comptime] cfg: TcCfg,
     #[define(F)] _dtype: StorageType,
 ) {
-    let tile = tc_tile(kv_lens, &p);
+    let tile = tc_tile(kv_lens, &p, cfg);
     // Q, then K, share one buffer: the query's fragments live in registers after the start.
     let len = comptime![KEY_BLOCK * cfg.pitch()];
     let mut k_s = SharedMemory::<F>::new_aligned(len, 16usize);
@@ -523,7 +563,8 @@ pub(crate) fn attention_tc_forward_kernel<F: Float>(
     let mut vis_s = SharedMemory::<u32>::new(TC_ROWS);
     let max_vis = row_visibility(&tile, &p, &mut vis_s, cfg) as usize;
     let qa = query_fragments::<F>(q, &tile, &p, &mut k_s, cfg);
-    let row = UNIT_POS_Y as usize * 16 + UNIT_POS_X as usize / 4;
+    let (row0, _) = warp_origin(cfg);
+    let row = row0 + UNIT_POS_X as usize / 4;
     let mut r0 = Row {
         m: neg_inf(),
         l: 0.0f32,
@@ -536,7 +577,7 @@ pub(crate) fn attention_tc_forward_kernel<F: Float>(
         alpha: 1.0f32,
         vis: vis_s[row + 8],
     };
-    let mut o = zero_frags(comptime![cfg.d / 8]);
+    let mut o = zero_frags(comptime![cfg.cols() / 8]);
     // Up to the last block any row of the cube sees; a block a row cannot see changes nothing
     // of it.
     for kb in 0..max_vis.div_ceil(KEY_BLOCK) {
@@ -549,13 +590,13 @@ pub(crate) fn attention_tc_forward_kernel<F: Float>(
         let mut s = scores::<F>(&k_s, &qa, cfg);
         softmax_row(&mut s, &mut r0, j0, p.scale, 0usize, comptime![cfg.emulate]);
         softmax_row(&mut s, &mut r1, j0, p.scale, 1usize, comptime![cfg.emulate]);
-        rescale(&mut o, &r0, &r1, comptime![cfg.d / 8]);
+        rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
         let pa = probabilities::<F>(&s);
         accumulate_pv::<F>(&v_s, &pa, &mut o, cfg);
         sync_cube();
     }
     store_row::<F>(out, &o, &r0, &tile, &p, 0usize, cfg);
     store_row::<F>(out, &o, &r1, &tile, &p, 1usize, cfg);
-    store_lse(lse, &r0, &tile, &p, 0usize, comptime![cfg.emulate]);
-    store_lse(lse, &r1, &tile, &p, 1usize, comptime![cfg.emulate]);
+    store_lse(lse, &r0, &tile, &p, 0usize, cfg);
+    store_lse(lse, &r1, &tile, &p, 1usize, cfg);
 }
