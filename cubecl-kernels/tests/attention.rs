@@ -1194,3 +1194,132 @@ fn attention_cuda() {
         limits_and_errors_on(client);
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The tensor-core forward (f16 / bf16, head sizes multiples of 16 up to 128, CUDA): not the
+// Reference's bits, so values against f64 and every invariance bitwise, on shapes that are
+// multiples of no tile (Q 37, KV 101, GQA 4:1, ragged lengths, NaN past them).
+
+/// The forward f16 / bf16 takes on `client` is the tensor-core one for these head sizes, the
+/// FMA one for f32 and other head sizes.
+fn tc_path_is_taken_on<R: Runtime>(client: &ComputeClient<R>) {
+    for dt in [FloatDType::F16, FloatDType::BF16] {
+        for d in [16, 64, 96, 128] {
+            assert!(
+                attention_forward_uses_tensor_cores(client, dt, d),
+                "{dt:?} D={d}: expected the tensor-core forward"
+            );
+        }
+        for d in [40, 72, 130, 256] {
+            assert!(!attention_forward_uses_tensor_cores(client, dt, d));
+        }
+    }
+    assert!(!attention_forward_uses_tensor_cores(
+        client,
+        FloatDType::F32,
+        64
+    ));
+}
+
+fn tc_problem(seed: u64, d: usize, causal: bool, dt: Dt) -> Problem {
+    let mut p = Problem::new(seed, 3, 8, 2, 37, 101, d, causal, dt).with_lens(&[101, 45, 0]);
+    p.poison_past_lens();
+    p
+}
+
+/// Values (forward, and the FMA backward on the tensor-core forward's `out` / `lse`) against f64.
+fn tc_values_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
+    for &dt in dts {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let p = tc_problem(51, d, causal, dt);
+                let what = format!("tc {dt:?} D={d} causal={causal}");
+                let got = forward(client, &p);
+                let (out, lse) = reference_f64(&p);
+                assert_close(&format!("{what} out"), &got.out, &out, rtol(dt));
+                assert_close(&format!("{what} lse"), &got.lse, &lse, rtol(dt));
+                let g = grad_for(&p, 98);
+                let (_, grads) = backward(client, &p, &g);
+                let (dq, dk, dv) = reference_grads_f64(&p, &g);
+                assert_close(&format!("{what} dq"), &grads.dq, &dq, 2.0 * rtol(dt));
+                assert_close(&format!("{what} dk"), &grads.dk, &dk, 2.0 * rtol(dt));
+                assert_close(&format!("{what} dv"), &grads.dv, &dv, 2.0 * rtol(dt));
+            }
+        }
+    }
+}
+
+/// Decode one token at a time (cache past the token: NaN) = prefill = chunked prefill, bitwise.
+fn tc_decode_equals_prefill_on<R: Runtime>(client: &ComputeClient<R>) {
+    let n = 70;
+    for dt in [Dt::F16, Dt::BF16] {
+        for d in [64, 128] {
+            let p = Problem::new(52, 1, 8, 2, n, n, d, true, dt);
+            let full = forward(client, &p);
+            for t in 0..n {
+                let mut dec = select_queries(&p, t, t + 1).with_lens(&[t as i32 + 1]);
+                dec.poison_past_lens();
+                let got = forward(client, &dec);
+                let what = format!("tc decode {dt:?} D={d} t={t}");
+                let want = query_slice(&full.out, &p, t, t + 1, p.d);
+                assert_bits(&format!("{what} out"), &got.out, &want);
+                let want = query_slice(&full.lse, &p, t, t + 1, 1);
+                assert_bits(&format!("{what} lse"), &got.lse, &want);
+            }
+            let h = 29;
+            let first = forward(client, &select_queries(&p, 0, h).with_lens(&[h as i32]));
+            let second = forward(client, &select_queries(&p, h, n));
+            let want = query_slice(&full.out, &p, 0, h, p.d);
+            assert_bits("tc first chunk out", &first.out, &want);
+            let want = query_slice(&full.out, &p, h, n, p.d);
+            assert_bits("tc second chunk out", &second.out, &want);
+            let want = query_slice(&full.lse, &p, h, n, 1);
+            assert_bits("tc second chunk lse", &second.lse, &want);
+        }
+    }
+}
+
+/// A row alone (its cache unpadded) = the row in a ragged batch with NaN past the lengths;
+/// reruns equal.
+fn tc_batch_invariance_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
+    for &dt in dts {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let p = tc_problem(53, d, causal, dt);
+                let fwd = forward(client, &p);
+                assert_eq!(fwd, forward(client, &p), "tc rerun");
+                let (qd, ld) = (p.h * p.q * p.d, p.h * p.q);
+                for b in 0..p.b {
+                    let alone = select_rows(&p, &[b], p.lens[b] as usize);
+                    let fa = forward(client, &alone);
+                    let what = format!("tc {dt:?} D={d} causal={causal} row {b}");
+                    let want = batch_slice(&fwd.out, b, qd);
+                    assert_bits(&format!("{what} out"), &fa.out, &want);
+                    let want = batch_slice(&fwd.lse, b, ld);
+                    assert_bits(&format!("{what} lse"), &fa.lse, &want);
+                }
+            }
+        }
+    }
+}
+
+/// The tensor-core forward's checks; on a device without it they run the FMA forward.
+#[cfg(feature = "cuda")]
+#[test]
+fn attention_tc_cuda() {
+    with_cuda(|client| {
+        tc_path_is_taken_on(client);
+        tc_values_on(client, &[Dt::F16, Dt::BF16]);
+        tc_decode_equals_prefill_on(client);
+        tc_batch_invariance_on(client, &[Dt::F16, Dt::BF16]);
+    });
+}
+
+/// The same checks on the FMA path (f16: WGSL has no bf16), which they hold for too.
+#[test]
+fn attention_tc_checks_on_the_fma_path() {
+    with_wgpu("attention_tc_checks_on_the_fma_path", |client| {
+        tc_values_on(client, &[Dt::F16]);
+        tc_batch_invariance_on(client, &[Dt::F16]);
+    });
+}

@@ -5,13 +5,16 @@
 use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
+use super::tc_forward::{
+    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split,
+};
 use super::tile::{
     AttnCfg, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, STAGE_LEN, UNITS, dot_tile,
     kv_len_of, load_chunk, visible,
 };
 use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
-use crate::util::{check_out_view, expect_shape, launch_chunks, raw_arg};
+use crate::util::{FloatDType, check_out_view, expect_shape, launch_chunks, raw_arg};
 use cubecl::prelude::*;
 
 /// Forward: `out [B, H, Q, D]` (the inputs' dtype, every element written) and
@@ -20,7 +23,9 @@ use cubecl::prelude::*;
 /// the last cut at the query's last visible key; per block the score max, `α = exp_p(m − m')`,
 /// `p_j = exp_p(s_j − m')`, `l_b` by ascending adds, `o_b` as an fma chain over the keys, then
 /// `l = fma(l, α, l_b)`, `o = fma(o, α, o_b)`; `out = o / l` rounded once, `lse = m + ln_p(l)`.
-/// Queries with a negative position get zeros and `lse = −∞`.
+/// Queries with a negative position get zeros and `lse = −∞`. f16 / bf16 where
+/// [`attention_forward_uses_tensor_cores`] says so: the tensor-core forward (the contract's
+/// tensor-core arithmetic, [`super::tc_forward`]).
 pub fn attention_forward<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &AttentionRefs<'_, R>,
@@ -46,6 +51,10 @@ pub fn attention_forward<R: Runtime>(
         lse: Some(&lv),
         ..c.layouts()
     };
+    if tc_forward_supported(client, c.dt, dims.head_dim) {
+        launch_tc(client, inputs, &c, out, lse, &layouts);
+        return Ok(());
+    }
     let cfg = c.cfg(client, query_rows(&c));
     let tiles = (dims.group() * dims.q_len).div_ceil(UNITS * cfg.rows);
     let cubes = dims.batch * dims.kv_heads * tiles;
@@ -68,6 +77,59 @@ pub fn attention_forward<R: Runtime>(
         }
     }
     Ok(())
+}
+
+/// The tensor-core forward ([`super::tc_forward`]): one cube of 4 warps per 64 rows of a KV
+/// group, or per 16 rows (the warps splitting the columns) where the group has at most 16.
+fn launch_tc<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    c: &Checked,
+    out: &TensorBinding<R>,
+    lse: &TensorBinding<R>,
+    layouts: &Layouts<'_>,
+) {
+    let dims = c.dims;
+    let group_rows = dims.group() * dims.q_len;
+    // The split tiling computes every element as the 64-row one does: it may follow the shape.
+    let cfg = TcCfg {
+        d: dims.head_dim,
+        causal: c.causal,
+        emulate: c.cfg(client, 1).emulate,
+        split: tc_split(group_rows, dims.head_dim),
+    };
+    let tiles = group_rows.div_ceil(cfg.rows());
+    let cubes = dims.batch * dims.kv_heads * tiles;
+    for (start, len) in launch_chunks(client, 0, cubes, 1) {
+        unsafe {
+            attention_tc_forward_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(len as u32, 1, 1),
+                CubeDim::new_2d(32, TC_WARPS as u32),
+                raw_arg(inputs.query),
+                raw_arg(inputs.key),
+                raw_arg(inputs.value),
+                raw_arg(inputs.kv_lens),
+                raw_arg(out),
+                raw_arg(lse),
+                layouts.params(c, start),
+                cfg,
+                c.dt.storage(),
+            );
+        }
+    }
+}
+
+/// Which forward runs for `dtype` and `head_dim` on this client: the tensor-core one (f16 /
+/// bf16, head sizes multiples of 16 up to 128, CUDA's `mma.sync`) or the FMA one. Depends on
+/// nothing else (never on the batch or the lengths).
+#[doc(hidden)]
+pub fn attention_forward_uses_tensor_cores<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDType,
+    head_dim: usize,
+) -> bool {
+    tc_forward_supported(client, dtype, head_dim)
 }
 
 /// Rows per unit of the query-row kernels (forward, dQ): the tile is `16·rows` query rows of a

@@ -1,9 +1,13 @@
 //! Attention (docs/CONTRACT.md, *attention semantics*): forward and backward of softmax
-//! attention with GQA, `kv_lens` and causal masking, on the FMA path for every dtype.
+//! attention with GQA, `kv_lens` and causal masking, on the FMA path for every dtype, except the
+//! f16 / bf16 forward on CUDA for head sizes that are multiples of 16 up to 128, which runs on
+//! the tensor cores (`tc_forward`, [`attention_forward_uses_tensor_cores`]; not the Reference's
+//! bits, every invariance kept).
 //!
-//! Every output element is the contract's exact sequence of f32 operations, so f32 results equal
-//! the Reference bitwise (f16 / bf16: the same f32 arithmetic on the upcast inputs, each output
-//! rounded once), whatever the tiling, and the tiles are free to follow the shape:
+//! On the FMA path every output element is the contract's exact sequence of f32 operations, so
+//! f32 results equal the Reference bitwise (f16 / bf16: the same f32 arithmetic on the upcast
+//! inputs, each output rounded once), whatever the tiling, and the tiles are free to follow the
+//! shape:
 //! * forward: one cube per (batch row, KV head, tile of 16, 32 or 64 query rows of the KV head's
 //!   group of query heads); each block of 64 keys is staged once for the whole group. A unit
 //!   computes each of its scores as one d-ascending fma chain, row owners take the block max,
@@ -20,10 +24,13 @@ mod backward;
 mod forward;
 mod inputs;
 pub mod math;
+mod tc_forward;
 mod tile;
 
 pub use backward::attention_backward;
 pub use forward::attention_forward;
+#[doc(hidden)]
+pub use forward::attention_forward_uses_tensor_cores;
 
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
