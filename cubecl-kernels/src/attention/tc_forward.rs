@@ -4,9 +4,6 @@
 //! the group has at most 16 query rows (decode) and Dh is 64 or 128, a cube takes 16 rows and
 //! its warps split `o`'s columns instead (`split`): each computes the same scores and softmax
 //! (the same bits) and a quarter of `P·V`, whose 16×8 fragments are independent of each other.
-//! Q, K and V travel as 16-byte vectors where their layouts allow ([`tc_vector`]), else as
-//! scalars; K and V a block ahead through registers, so the next block's loads overlap this
-//! block's MMAs. Neither changes which bytes land where in shared memory, hence no bit.
 //!
 //! Why the bits stay batch-invariant (docs/CONTRACT.md, *attention semantics*): an MMA output
 //! row depends only on its own A row, so a row's scores, its softmax state and its `o` come from
@@ -166,20 +163,15 @@ fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: TcCfg) -> TcT
     }
 }
 
-/// Vectors per unit of an `n`-row tile.
-fn per_unit(n: usize, cfg: TcCfg, w: usize) -> usize {
-    n * cfg.d / w / TC_THREADS
-}
-
-/// This unit's `N`-element vectors of rows `src.first .. + n` (d columns) of `t` into `regs`,
-/// zeros at or past `src.limit` (never read). With `N > 1` the host checked `s_d == 1` and every
-/// row start a multiple of `N`, so a row is whole vectors. Key rows (`keys`) skip
-/// `row_offset`'s divisions.
+/// Stage rows `src.first .. + n` (d columns) of `t` in `smem` (pitch `d + PAD`), `N`-element
+/// vectors (with `N > 1` the host checked `s_d == 1` and every row start a multiple of `N`, so a
+/// row is whole vectors), zeros at or past `src.limit`: such rows are never read. Key rows
+/// (`keys`) skip `row_offset`'s divisions.
 #[cube]
-fn fetch_rows<F: Float, N: Size>(
+fn stage_rows<F: Float, N: Size>(
     t: &Tensor<Vector<F, N>>,
     src: &RowSrc,
-    regs: &mut Array<Vector<F, N>>,
+    smem: &mut SharedMemory<Vector<F, N>>,
     #[comptime] n: usize,
     #[comptime] keys: bool,
     #[comptime] cfg: TcCfg,
@@ -187,10 +179,13 @@ fn fetch_rows<F: Float, N: Size>(
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
     let w = N::value().comptime();
     let per_row = comptime![cfg.d / w];
+    let pitch = comptime![cfg.pitch() / w];
     #[unroll]
-    for e in 0..comptime![per_unit(n, cfg, w)] {
+    for e in 0..comptime![n * cfg.d / w / TC_THREADS] {
         let idx = tid + e * TC_THREADS;
-        let r = src.first + idx / per_row;
+        let rr = idx / per_row;
+        let cv = idx % per_row;
+        let r = src.first + rr;
         let mut val = Vector::<F, N>::new(F::new(0.0));
         if r < src.limit {
             let at = if comptime![keys] {
@@ -198,28 +193,9 @@ fn fetch_rows<F: Float, N: Size>(
             } else {
                 row_offset(src, r)
             };
-            val = t[(at + (idx % per_row) * w * src.s_d) / w];
+            val = t[(at + cv * w * src.s_d) / w];
         }
-        regs[e] = val;
-    }
-}
-
-/// [`fetch_rows`]'s vectors into `smem` (pitch `d + PAD`), the same unit-to-vector mapping.
-#[cube]
-fn stash_rows<F: Float, N: Size>(
-    regs: &Array<Vector<F, N>>,
-    smem: &mut SharedMemory<Vector<F, N>>,
-    #[comptime] n: usize,
-    #[comptime] cfg: TcCfg,
-) {
-    let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
-    let w = N::value().comptime();
-    let per_row = comptime![cfg.d / w];
-    let pitch = comptime![cfg.pitch() / w];
-    #[unroll]
-    for e in 0..comptime![per_unit(n, cfg, w)] {
-        let idx = tid + e * TC_THREADS;
-        smem[(idx / per_row) * pitch + idx % per_row] = regs[e];
+        smem[rr * pitch + cv] = val;
     }
 }
 
@@ -272,17 +248,14 @@ fn query_fragments<F: Float, N: Size>(
         s_inner: p.q.s as usize,
         s_d: p.q.d as usize,
     };
-    let rows = comptime![cfg.rows()];
-    let w = N::value().comptime();
-    let mut regs = Array::<Vector<F, N>>::new(comptime![per_unit(rows, cfg, w)]);
-    fetch_rows::<F, N>(q, &src, &mut regs, rows, false, cfg);
-    stash_rows::<F, N>(&regs, smem, rows, cfg);
+    stage_rows::<F, N>(q, &src, smem, comptime![cfg.rows()], false, cfg);
     sync_cube();
     let mma = cmma::MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
     let pitch = comptime![cfg.pitch()];
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
     let (r, _) = warp_origin(cfg);
+    let w = N::value().comptime();
     let mut frags = Sequence::<Array<Vector<F, Const<2>>>>::new();
     // ldmatrix x4: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
     // (rows 8-15, k 8-15), as the GEMM's A operand with k contiguous.
@@ -617,15 +590,6 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     let mut v_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
     let mut vis_s = SharedMemory::<u32>::new(TC_ROWS);
     let max_vis = row_visibility(&tile, &p, &mut vis_s, cfg) as usize;
-    // K and V travel through registers, a block ahead: the next block's global loads are in
-    // flight while this one's MMAs run. Block 0's are issued before the query's staging.
-    let regs_len = comptime![per_unit(KEY_BLOCK, cfg, N::value().comptime())];
-    let mut k_regs = Array::<Vector<F, N>>::new(regs_len);
-    let mut v_regs = Array::<Vector<F, N>>::new(regs_len);
-    let ksrc = key_src(&tile, &p.k, 0usize, max_vis);
-    let vsrc = key_src(&tile, &p.v, 0usize, max_vis);
-    fetch_rows::<F, N>(k, &ksrc, &mut k_regs, KEY_BLOCK, true, cfg);
-    fetch_rows::<F, N>(v, &vsrc, &mut v_regs, KEY_BLOCK, true, cfg);
     let qa = query_fragments::<F, N>(q, &tile, &p, &mut k_s, cfg);
     let (row0, _) = warp_origin(cfg);
     let row = row0 + UNIT_POS_X as usize / 4;
@@ -646,15 +610,11 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     // of it.
     for kb in 0..max_vis.div_ceil(KEY_BLOCK) {
         let j0 = kb * KEY_BLOCK;
-        // `k_s` / `v_s` are free: the query's staging and the previous block end in a barrier.
-        stash_rows::<F, N>(&k_regs, &mut k_s, KEY_BLOCK, cfg);
-        stash_rows::<F, N>(&v_regs, &mut v_s, KEY_BLOCK, cfg);
+        let ksrc = key_src(&tile, &p.k, j0, max_vis);
+        let vsrc = key_src(&tile, &p.v, j0, max_vis);
+        stage_rows::<F, N>(k, &ksrc, &mut k_s, KEY_BLOCK, true, cfg);
+        stage_rows::<F, N>(v, &vsrc, &mut v_s, KEY_BLOCK, true, cfg);
         sync_cube();
-        // Past the last block every row is at or past `max_vis`: zeros, nothing read.
-        let ksrc = key_src(&tile, &p.k, j0 + KEY_BLOCK, max_vis);
-        let vsrc = key_src(&tile, &p.v, j0 + KEY_BLOCK, max_vis);
-        fetch_rows::<F, N>(k, &ksrc, &mut k_regs, KEY_BLOCK, true, cfg);
-        fetch_rows::<F, N>(v, &vsrc, &mut v_regs, KEY_BLOCK, true, cfg);
         let mut s = scores::<F, N>(&k_s, &qa, cfg);
         softmax_row(&mut s, &mut r0, j0, p.scale, 0usize, comptime![cfg.emulate]);
         softmax_row(&mut s, &mut r1, j0, p.scale, 1usize, comptime![cfg.emulate]);
