@@ -6,7 +6,7 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split, tc_vector,
+    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split,
 };
 use super::tile::{
     AttnCfg, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, STAGE_LEN, UNITS, dot_tile,
@@ -98,15 +98,6 @@ fn launch_tc<R: Runtime>(
         emulate: c.cfg(client, 1).emulate,
         split: tc_split(group_rows, dims.head_dim),
     };
-    // 16-byte loads where Q, K and V allow them; only how bytes travel changes.
-    let vector = tc_vector(
-        [
-            (inputs.query, &c.q.strides[..]),
-            (inputs.key, &c.k.strides[..]),
-            (inputs.value, &c.v.strides[..]),
-        ],
-        c.dt.size(),
-    );
     let tiles = group_rows.div_ceil(cfg.rows());
     let cubes = dims.batch * dims.kv_heads * tiles;
     for (start, len) in launch_chunks(client, 0, cubes, 1) {
@@ -115,7 +106,6 @@ fn launch_tc<R: Runtime>(
                 client,
                 CubeCount::Static(len as u32, 1, 1),
                 CubeDim::new_2d(32, TC_WARPS as u32),
-                vector,
                 raw_arg(inputs.query),
                 raw_arg(inputs.key),
                 raw_arg(inputs.value),

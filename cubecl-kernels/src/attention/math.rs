@@ -183,7 +183,6 @@ fn step_ulp(x: f32, up: bool) -> f32 {
 /// `q` is made faithful by one fma step, then `r = a − b·q` is exact and picks `q`, the float
 /// above or the one below (a quotient of floats never lies on a midpoint). Normal operands and
 /// results; zeros, ∞ and NaN keep the division's own result.
-#[allow(clippy::eq_op)] // `q1 == q1` is the kernel's not-NaN test
 #[cube]
 pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     let q0 = a / b;

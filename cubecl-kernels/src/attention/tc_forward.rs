@@ -32,8 +32,6 @@ pub(crate) const TC_ROWS: usize = 16 * TC_WARPS;
 const TC_THREADS: usize = LANES * TC_WARPS;
 /// Padding (elements) of a staged row against bank conflicts; keeps rows 16-byte aligned.
 const PAD: usize = 8;
-/// Elements per global load where Q, K and V allow 16-byte vectors ([`tc_vector`]).
-const TC_VECTOR: usize = 8;
 /// 16×8 score fragments per key block.
 const S_FRAGS: usize = KEY_BLOCK / 8;
 /// Largest head size of the tensor-core path (its registers: Dh/16 A fragments of the query,
@@ -104,25 +102,6 @@ pub(crate) fn tc_forward_supported<R: Runtime>(
         && crate::gemm::manual_mma_supported(client, dtype.storage())
 }
 
-/// The global load width (elements) of Q, K and V: [`TC_VECTOR`] where each has its last dim
-/// contiguous, its other strides and its buffer start 16-byte aligned (so every staged row is
-/// whole 16-byte vectors: head sizes are multiples of 16), else 1. Only how bytes travel
-/// depends on it, never the arithmetic.
-pub(crate) fn tc_vector<R: Runtime>(
-    tensors: [(&TensorBinding<R>, &[usize]); 3],
-    elem_size: usize,
-) -> usize {
-    let w = TC_VECTOR;
-    let ok = tensors.iter().all(|(t, strides)| {
-        let start = t.handle.offset_start.unwrap_or(0);
-        strides.len() == 4
-            && strides[3] == 1
-            && strides[..3].iter().all(|s| s.is_multiple_of(w))
-            && start.is_multiple_of((w * elem_size) as u64)
-    });
-    if ok { w } else { 1 }
-}
-
 /// Where a cube works: batch row `b`, KV head `kh`, the first of its 64 rows `r0` (rows of the
 /// KV head's group, `r = local_head·Q + i`), the group's rows `gq`, the row's valid keys `len`.
 #[derive(CubeType, Clone, Copy)]
@@ -163,39 +142,36 @@ fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: TcCfg) -> TcT
     }
 }
 
-/// Stage rows `src.first .. + n` (d columns) of `t` in `smem` (pitch `d + PAD`), `N`-element
-/// vectors (with `N > 1` the host checked `s_d == 1` and every row start a multiple of `N`, so a
-/// row is whole vectors), zeros at or past `src.limit`: such rows are never read. Key rows
-/// (`keys`) skip `row_offset`'s divisions.
+/// Stage rows `src.first .. + n` (d columns) of `t` in `smem` (pitch `d + PAD`), zeros at or
+/// past `src.limit`: such rows are never read. Key rows (`keys`) skip `row_offset`'s divisions.
 #[cube]
-fn stage_rows<F: Float, N: Size>(
-    t: &Tensor<Vector<F, N>>,
+fn stage_rows<F: Float>(
+    t: &Tensor<F>,
     src: &RowSrc,
-    smem: &mut SharedMemory<Vector<F, N>>,
+    smem: &mut SharedMemory<F>,
     #[comptime] n: usize,
     #[comptime] keys: bool,
     #[comptime] cfg: TcCfg,
 ) {
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
-    let w = N::value().comptime();
-    let per_row = comptime![cfg.d / w];
-    let pitch = comptime![cfg.pitch() / w];
+    let d = comptime![cfg.d];
+    let pitch = comptime![cfg.pitch()];
     #[unroll]
-    for e in 0..comptime![n * cfg.d / w / TC_THREADS] {
+    for e in 0..comptime![n * cfg.d / TC_THREADS] {
         let idx = tid + e * TC_THREADS;
-        let rr = idx / per_row;
-        let cv = idx % per_row;
+        let rr = idx / d;
+        let cc = idx % d;
         let r = src.first + rr;
-        let mut val = Vector::<F, N>::new(F::new(0.0));
+        let mut val = F::new(0.0);
         if r < src.limit {
             let at = if comptime![keys] {
                 src.base + r * src.s_inner
             } else {
                 row_offset(src, r)
             };
-            val = t[(at + cv * w * src.s_d) / w];
+            val = t[at + cc * src.s_d];
         }
-        smem[rr * pitch + cv] = val;
+        smem[rr * pitch + cc] = val;
     }
 }
 
@@ -232,11 +208,11 @@ fn row_visibility(
 
 /// The warp's 16 query rows as `Dh/16` A fragments (through `smem`, which is free again after).
 #[cube]
-fn query_fragments<F: Float, N: Size>(
-    q: &Tensor<Vector<F, N>>,
+fn query_fragments<F: Float>(
+    q: &Tensor<F>,
     tile: &TcTile,
     p: &AttnParams,
-    smem: &mut SharedMemory<Vector<F, N>>,
+    smem: &mut SharedMemory<F>,
     #[comptime] cfg: TcCfg,
 ) -> Sequence<Array<Vector<F, Const<2>>>> {
     let src = RowSrc {
@@ -248,22 +224,21 @@ fn query_fragments<F: Float, N: Size>(
         s_inner: p.q.s as usize,
         s_d: p.q.d as usize,
     };
-    stage_rows::<F, N>(q, &src, smem, comptime![cfg.rows()], false, cfg);
+    stage_rows::<F>(q, &src, smem, comptime![cfg.rows()], false, cfg);
     sync_cube();
     let mma = cmma::MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
     let pitch = comptime![cfg.pitch()];
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
     let (r, _) = warp_origin(cfg);
-    let w = N::value().comptime();
     let mut frags = Sequence::<Array<Vector<F, Const<2>>>>::new();
     // ldmatrix x4: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
     // (rows 8-15, k 8-15), as the GEMM's A operand with k contiguous.
     #[unroll]
     for kk in 0..comptime![cfg.d / 16] {
-        let e = ((r + (quad % 2) * 8 + within) * pitch + kk * 16 + (quad / 2) * 8) / w;
-        frags.push(mma.load_matrix::<Vector<F, N>, Const<2>>(
-            &smem.slice(e, e + comptime![8 / w]),
+        let e = (r + (quad % 2) * 8 + within) * pitch + kk * 16 + (quad / 2) * 8;
+        frags.push(mma.load_matrix::<F, Const<2>>(
+            &smem.slice(e, e + 8),
             cmma::MatrixIdent::A,
             4usize,
             false,
@@ -306,8 +281,8 @@ fn zero_frags(#[comptime] n: usize) -> Sequence<Array<Vector<f32, Const<2>>>> {
 /// `S = Q·Kᵀ` of the warp's 16 rows and the block's 64 keys (eight 16×8 fragments), 16-deep
 /// steps over Dh ascending.
 #[cube]
-fn scores<F: Float, N: Size>(
-    k_s: &SharedMemory<Vector<F, N>>,
+fn scores<F: Float>(
+    k_s: &SharedMemory<F>,
     qa: &Sequence<Array<Vector<F, Const<2>>>>,
     #[comptime] cfg: TcCfg,
 ) -> Sequence<Array<Vector<f32, Const<2>>>> {
@@ -315,7 +290,6 @@ fn scores<F: Float, N: Size>(
     let pitch = comptime![cfg.pitch()];
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
-    let w = N::value().comptime();
     let mut s = zero_frags(S_FRAGS);
     #[unroll]
     for kk in 0..comptime![cfg.d / 16] {
@@ -323,9 +297,9 @@ fn scores<F: Float, N: Size>(
         for j in 0..comptime![S_FRAGS / 2] {
             // B = Kᵀ staged with d contiguous (the GEMM's `b_nfast = false`): matrices
             // (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15).
-            let e = ((j * 16 + (quad / 2) * 8 + within) * pitch + kk * 16 + (quad % 2) * 8) / w;
-            let quad_b = mma.load_matrix::<Vector<F, N>, Const<2>>(
-                &k_s.slice(e, e + comptime![8 / w]),
+            let e = (j * 16 + (quad / 2) * 8 + within) * pitch + kk * 16 + (quad % 2) * 8;
+            let quad_b = mma.load_matrix::<F, Const<2>>(
+                &k_s.slice(e, e + 8),
                 cmma::MatrixIdent::B,
                 4usize,
                 false,
@@ -474,8 +448,8 @@ fn to_half<F: Float>(x: Vector<f32, Const<2>>) -> Vector<F, Const<2>> {
 
 /// `o += P·V`: keys in four 16-deep steps ascending, Dh in 16×8 fragments.
 #[cube]
-fn accumulate_pv<F: Float, N: Size>(
-    v_s: &SharedMemory<Vector<F, N>>,
+fn accumulate_pv<F: Float>(
+    v_s: &SharedMemory<F>,
     pa: &Sequence<Array<Vector<F, Const<2>>>>,
     o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
     #[comptime] cfg: TcCfg,
@@ -485,7 +459,6 @@ fn accumulate_pv<F: Float, N: Size>(
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
     let (_, col0) = warp_origin(cfg);
-    let w = N::value().comptime();
     #[unroll]
     for kk in 0..comptime![KEY_BLOCK / 16] {
         #[unroll]
@@ -494,9 +467,8 @@ fn accumulate_pv<F: Float, N: Size>(
             // ldmatrix): matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
             // (keys 8-15, d 8-15).
             let e = (kk * 16 + (quad % 2) * 8 + within) * pitch + col0 + j * 16 + (quad / 2) * 8;
-            let e = e / w;
-            let quad_b = mma.load_matrix::<Vector<F, N>, Const<2>>(
-                &v_s.slice(e, e + comptime![8 / w]),
+            let quad_b = mma.load_matrix::<F, Const<2>>(
+                &v_s.slice(e, e + 8),
                 cmma::MatrixIdent::B,
                 4usize,
                 true,
@@ -572,10 +544,10 @@ fn store_lse(
 /// The tensor-core forward (see the module's documentation).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
-pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
-    q: &Tensor<Vector<F, N>>,
-    k: &Tensor<Vector<F, N>>,
-    v: &Tensor<Vector<F, N>>,
+pub(crate) fn attention_tc_forward_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
     kv_lens: &Tensor<i32>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
@@ -585,12 +557,12 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
 ) {
     let tile = tc_tile(kv_lens, &p, cfg);
     // Q, then K, share one buffer: the query's fragments live in registers after the start.
-    let len = comptime![KEY_BLOCK * cfg.pitch()] / N::value().comptime();
-    let mut k_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
-    let mut v_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
+    let len = comptime![KEY_BLOCK * cfg.pitch()];
+    let mut k_s = SharedMemory::<F>::new_aligned(len, 16usize);
+    let mut v_s = SharedMemory::<F>::new_aligned(len, 16usize);
     let mut vis_s = SharedMemory::<u32>::new(TC_ROWS);
     let max_vis = row_visibility(&tile, &p, &mut vis_s, cfg) as usize;
-    let qa = query_fragments::<F, N>(q, &tile, &p, &mut k_s, cfg);
+    let qa = query_fragments::<F>(q, &tile, &p, &mut k_s, cfg);
     let (row0, _) = warp_origin(cfg);
     let row = row0 + UNIT_POS_X as usize / 4;
     let mut r0 = Row {
@@ -612,15 +584,15 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
         let j0 = kb * KEY_BLOCK;
         let ksrc = key_src(&tile, &p.k, j0, max_vis);
         let vsrc = key_src(&tile, &p.v, j0, max_vis);
-        stage_rows::<F, N>(k, &ksrc, &mut k_s, KEY_BLOCK, true, cfg);
-        stage_rows::<F, N>(v, &vsrc, &mut v_s, KEY_BLOCK, true, cfg);
+        stage_rows::<F>(k, &ksrc, &mut k_s, KEY_BLOCK, true, cfg);
+        stage_rows::<F>(v, &vsrc, &mut v_s, KEY_BLOCK, true, cfg);
         sync_cube();
-        let mut s = scores::<F, N>(&k_s, &qa, cfg);
+        let mut s = scores::<F>(&k_s, &qa, cfg);
         softmax_row(&mut s, &mut r0, j0, p.scale, 0usize, comptime![cfg.emulate]);
         softmax_row(&mut s, &mut r1, j0, p.scale, 1usize, comptime![cfg.emulate]);
         rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
         let pa = probabilities::<F>(&s);
-        accumulate_pv::<F, N>(&v_s, &pa, &mut o, cfg);
+        accumulate_pv::<F>(&v_s, &pa, &mut o, cfg);
         sync_cube();
     }
     store_row::<F>(out, &o, &r0, &tile, &p, 0usize, cfg);
