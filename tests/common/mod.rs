@@ -71,10 +71,12 @@ pub fn bits<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<u64> {
 pub fn assert_bits_eq(what: &str, got: &[u64], expected: &[u64]) {
     assert_eq!(got.len(), expected.len(), "{what}: length");
     let differ = got.iter().zip(expected).filter(|(a, b)| a != b).count();
+    let first = got.iter().zip(expected).position(|(a, b)| a != b);
+    let shown = first.map(|i| (i, f64::from_bits(got[i]), f64::from_bits(expected[i])));
     assert_eq!(
         differ,
         0,
-        "{what}: {differ}/{} elements differ bitwise",
+        "{what}: {differ}/{} elements differ bitwise; first (index, got, expected): {shown:?}",
         got.len()
     );
 }

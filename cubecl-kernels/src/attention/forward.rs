@@ -25,7 +25,7 @@ use cubecl::prelude::*;
 /// `l = fma(l, α, l_b)`, `o = fma(o, α, o_b)`; `out = o / l` rounded once, `lse = m + ln_p(l)`.
 /// Queries with a negative position get zeros and `lse = −∞`. f16 / bf16 where
 /// [`attention_forward_uses_tensor_cores`] says so: the tensor-core forward (the contract's
-/// tensor-core arithmetic, [`super::tc_forward`]).
+/// tensor-core arithmetic, `tc_forward.rs`).
 pub fn attention_forward<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &AttentionRefs<'_, R>,

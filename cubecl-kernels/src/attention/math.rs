@@ -1,7 +1,7 @@
 //! The portable exponential and logarithm of the attention contract (docs/CONTRACT.md,
 //! *attention semantics*), step for step the Reference's `exp_p` / `ln_p`
 //! (`src/ops/math.rs`): only operations that every backend rounds the same way (`fma` through
-//! [`fma_f32`], `floor`, comparisons, exact power-of-two products), constants given by their
+//! `fma_f32`, `floor`, comparisons, exact power-of-two products), constants given by their
 //! bit patterns, `2ⁿ` built from its bits.
 
 use crate::gemm::fma::fma_f32;
@@ -193,7 +193,8 @@ pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     let r = fma_f32(-sb, q, sa, emulate);
     let mut m = select(r > sb * ((up - q) * 0.5f32), up, q);
     m = select(r < -(sb * ((q - down) * 0.5f32)), down, m);
-    let normal = q1 == q1 && q > c(comptime![pow2_bits(-126)]) && q < c(INF) && sb < c(INF);
+    // False for NaN (every comparison with it is).
+    let normal = q > c(comptime![pow2_bits(-126)]) && q < c(INF) && sb < c(INF);
     select(normal, select(q1 < 0.0f32, -m, m), q1)
 }
 
