@@ -91,15 +91,22 @@ fn lens<B: Backend>(l: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
     ints::<B>(l.iter().map(|&x| x as i64).collect(), device)
 }
 
-/// Values against f64: causal and not, GQA, ragged `kv_lens` with empty and short rows.
+/// Values against f64: causal and not, GQA, ragged `kv_lens` with empty and short rows; head
+/// sizes 64 and 128 are those of the tensor-core forward (f16/bf16 on CUDA).
 pub fn attention_values<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    for head_dim in [40, 64, 128] {
+        attention_values_at::<B>(device, dtype, head_dim);
+    }
+}
+
+fn attention_values_at<B: InvariantBackend>(device: &B::Device, dtype: DType, head_dim: usize) {
     let d = Dims {
         batch: 3,
         heads: 4,
         kv_heads: 2,
         q_len: 5,
         kv_len: 77,
-        head_dim: 40,
+        head_dim,
     };
     let kv_lens = [77, 3, 0];
     for causal in [true, false] {
@@ -118,7 +125,7 @@ pub fn attention_values<B: InvariantBackend>(device: &B::Device, dtype: DType) {
         let out = attention(q, k, v, Some(lens::<B>(&kv_lens, device)), &opts).unwrap();
         assert_eq!(out.dtype(), dtype);
         assert_close(
-            &format!("attention {dtype:?} causal={causal}"),
+            &format!("attention {dtype:?} D={head_dim} causal={causal}"),
             &values(out),
             &want,
             tolerance(dtype),
