@@ -1202,6 +1202,7 @@ fn attention_cuda() {
 
 /// The forward f16 / bf16 takes on `client` is the tensor-core one for these head sizes, the
 /// FMA one for f32 and other head sizes.
+#[cfg(feature = "cuda")]
 fn tc_path_is_taken_on<R: Runtime>(client: &ComputeClient<R>) {
     for dt in [FloatDType::F16, FloatDType::BF16] {
         for d in [16, 64, 96, 128] {
@@ -1250,6 +1251,7 @@ fn tc_values_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
 }
 
 /// Decode one token at a time (cache past the token: NaN) = prefill = chunked prefill, bitwise.
+#[cfg(feature = "cuda")]
 fn tc_decode_equals_prefill_on<R: Runtime>(client: &ComputeClient<R>) {
     let n = 70;
     for dt in [Dt::F16, Dt::BF16] {

@@ -180,22 +180,41 @@ fn step_ulp(x: f32, up: bool) -> f32 {
 
 /// `a / b` correctly rounded (IEEE) from any division within a few ulps: Vulkan allows its
 /// division 2.5 ulps, CUDA and CPUs round it correctly, and the contract's `/` is IEEE's.
-/// `q` is made faithful by one fma step, then `r = a − b·q` is exact and picks `q`, the float
-/// above or the one below (a quotient of floats never lies on a midpoint). Normal operands and
-/// results; zeros, ∞ and NaN keep the division's own result.
+/// `q` is brought near by one fma step, then each [`quotient_step`] moves it at most one ulp
+/// towards the rounded quotient; once `q` is faithful `r = a − b·q` is exact and the step is
+/// exact (a quotient of floats never lies on a midpoint), so two steps also cover a first step
+/// that was not faithful. Operands below `2¹²⁵` and normal results; other inputs (zeros, ∞,
+/// NaN included) keep the division's own result.
 #[cube]
 pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     let q0 = a / b;
     let q1 = fma_f32(fma_f32(-b, q0, a, emulate), 1.0f32 / b, q0, emulate);
-    let (sa, sb, q) = (f32::abs(a), f32::abs(b), f32::abs(q1));
+    let (sa, sb) = (f32::abs(a), f32::abs(b));
+    let mut q = f32::abs(q1);
+    // False for NaN (every comparison with it is).
+    // Operands below 2¹²⁵ so that no product of the steps (nor the emulated fma's splits)
+    // overflows.
+    let big = c(comptime![pow2_bits(125)]);
+    let normal = q > c(comptime![pow2_bits(-126)]) && q < big && sa < big && sb < big;
+    #[unroll]
+    for _ in 0..DIV_STEPS {
+        q = quotient_step(sa, sb, q, emulate);
+    }
+    select(normal, select(q1 < 0.0f32, -q, q), q0)
+}
+
+/// Correction steps of [`div_rn`].
+const DIV_STEPS: u32 = 2;
+
+/// `q`, or the float above or below it, whichever the residual `r = a − b·q` says is nearer to
+/// `a / b` (`a, b, q > 0`): above when `r > b·(q⁺ − q)/2`, below when `r < −b·(q − q⁻)/2`.
+#[cube]
+fn quotient_step(sa: f32, sb: f32, q: f32, #[comptime] emulate: bool) -> f32 {
     let up = step_ulp(q, true);
     let down = step_ulp(q, false);
     let r = fma_f32(-sb, q, sa, emulate);
-    let mut m = select(r > sb * ((up - q) * 0.5f32), up, q);
-    m = select(r < -(sb * ((q - down) * 0.5f32)), down, m);
-    // False for NaN (every comparison with it is).
-    let normal = q > c(comptime![pow2_bits(-126)]) && q < c(INF) && sb < c(INF);
-    select(normal, select(q1 < 0.0f32, -m, m), q1)
+    let m = select(r > sb * ((up - q) * 0.5f32), up, q);
+    select(r < -(sb * ((q - down) * 0.5f32)), down, m)
 }
 
 /// `√x` correctly rounded (IEEE) from any square root within a few ulps (Vulkan's is not
