@@ -180,10 +180,10 @@ fn step_ulp(x: f32, up: bool) -> f32 {
 
 /// `a / b` correctly rounded (IEEE) from any division within a few ulps: Vulkan allows its
 /// division 2.5 ulps, CUDA and CPUs round it correctly, and the contract's `/` is IEEE's.
-/// `q` is brought near by one fma step, then each [`quotient_step`] moves it at most one ulp
-/// towards the rounded quotient; once `q` is faithful `r = a − b·q` is exact and the step is
-/// exact (a quotient of floats never lies on a midpoint), so two steps also cover a first step
-/// that was not faithful. Operands below `2¹²⁵` and normal results; other inputs (zeros, ∞,
+/// `q` is brought near by one fma step, then each correction step (`quotient_step`) moves it
+/// at most one ulp towards the rounded quotient; once `q` is faithful `r = a − b·q` is exact
+/// and the step is exact (a quotient of floats never lies on a midpoint), so two steps also
+/// cover a first step that was not faithful. Operands below `2¹²⁵` and normal results; other inputs (zeros, ∞,
 /// NaN included) keep the division's own result.
 #[cube]
 pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
