@@ -180,27 +180,53 @@ fn step_ulp(x: f32, up: bool) -> f32 {
 
 /// `a / b` correctly rounded (IEEE) from any division within a few ulps: Vulkan allows its
 /// division 2.5 ulps, CUDA and CPUs round it correctly, and the contract's `/` is IEEE's.
-/// `q` is brought near by one fma step, then each correction step (`quotient_step`) moves it
-/// at most one ulp towards the rounded quotient; once `q` is faithful `r = a − b·q` is exact
-/// and the step is exact (a quotient of floats never lies on a midpoint), so two steps also
-/// cover a first step that was not faithful. Operands below `2¹²⁵` and normal results; other inputs (zeros, ∞,
-/// NaN included) keep the division's own result.
+/// The significands are divided (`[1, 2) / [1, 2)`, where every residual below is a normal
+/// float and no product overflows) and the exponents added back exactly; normal operands and
+/// results, other inputs (zeros, subnormals, ∞, NaN included) keep the division's own result.
 #[cube]
 pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     let q0 = a / b;
-    let q1 = fma_f32(fma_f32(-b, q0, a, emulate), 1.0f32 / b, q0, emulate);
-    let (sa, sb) = (f32::abs(a), f32::abs(b));
-    let mut q = f32::abs(q1);
-    // False for NaN (every comparison with it is).
-    // Operands below 2¹²⁵ so that no product of the steps (nor the emulated fma's splits)
-    // overflows.
-    let big = c(comptime![pow2_bits(125)]);
-    let normal = q > c(comptime![pow2_bits(-126)]) && q < big && sa < big && sb < big;
+    let (ba, bb) = (u32::reinterpret(a), u32::reinterpret(b));
+    let q = significand_quotient(significand(ba), significand(bb), emulate);
+    let e = exponent(u32::reinterpret(q)) + exponent(ba) - exponent(bb);
+    let normal = is_normal(ba) && is_normal(bb) && e >= 1i32 && e <= 254i32;
+    let sign = (ba ^ bb) & 0x8000_0000u32;
+    let bits = (u32::reinterpret(q) & 0x007f_ffffu32) | (u32::cast_from(e) << 23u32) | sign;
+    select(normal, f32::reinterpret(bits), q0)
+}
+
+/// The biased exponent field of `bits`.
+#[cube]
+fn exponent(bits: u32) -> i32 {
+    i32::cast_from((bits >> 23u32) & 0xffu32)
+}
+
+/// Finite, nonzero and not subnormal.
+#[cube]
+fn is_normal(bits: u32) -> bool {
+    let e = exponent(bits);
+    e >= 1i32 && e <= 254i32
+}
+
+/// The significand of `bits` as a float in `[1, 2)`.
+#[cube]
+fn significand(bits: u32) -> f32 {
+    f32::reinterpret((bits & 0x007f_ffffu32) | 0x3f80_0000u32)
+}
+
+/// `sa / sb` correctly rounded for `sa, sb ∈ [1, 2)`: one fma step from the device's quotient,
+/// then each correction step (`quotient_step`) moves it at most one ulp towards the rounded
+/// quotient; once `q` is faithful `r = a − b·q` is exact and the step is exact (a quotient of
+/// floats never lies on a midpoint), so two steps also cover a first step that was not faithful.
+#[cube]
+fn significand_quotient(sa: f32, sb: f32, #[comptime] emulate: bool) -> f32 {
+    let q0 = sa / sb;
+    let mut q = fma_f32(fma_f32(-sb, q0, sa, emulate), 1.0f32 / sb, q0, emulate);
     #[unroll]
     for _ in 0..DIV_STEPS {
         q = quotient_step(sa, sb, q, emulate);
     }
-    select(normal, select(q1 < 0.0f32, -q, q), q0)
+    q
 }
 
 /// Correction steps of [`div_rn`].
@@ -218,25 +244,34 @@ fn quotient_step(sa: f32, sb: f32, q: f32, #[comptime] emulate: bool) -> f32 {
 }
 
 /// `√x` correctly rounded (IEEE) from any square root within a few ulps (Vulkan's is not
-/// IEEE). For a candidate `s`, `x − s·s⁺` and `x − s·s⁻` are multiples of `ulp(s)²` and the
-/// squares of the midpoints sit a quarter of that above them, so the signs of two fmas say
-/// exactly whether `√x` lies within `s`'s rounding interval; each step moves `s` one ulp.
-/// `x` normal and below `2¹²⁵`; other inputs keep the root's own result.
+/// IEEE). The root is taken of `x`'s significand scaled into `[1, 4)` (an even exponent left
+/// over, halved exactly): for a candidate `s`, `m − s·s⁺` and `m − s·s⁻` are multiples of
+/// `ulp(s)²/4` (normal floats there) and the squares of the midpoints sit a quarter of
+/// `ulp(s)²` above them, so the signs of two fmas say exactly whether `√m` lies within `s`'s
+/// rounding interval; each step moves `s` one ulp. Normal `x > 0`; other inputs keep the
+/// device's root.
 #[cube]
 pub fn sqrt_rn(x: f32, #[comptime] emulate: bool) -> f32 {
     let s0 = f32::sqrt(x);
-    let mut s = s0;
+    let bits = u32::reinterpret(x);
+    // An odd unbiased exponent (an even biased one) moves one factor 2 into the significand.
+    let odd = (bits & 0x0080_0000u32) == 0u32;
+    let m = f32::reinterpret((bits & 0x007f_ffffu32) | (select(odd, 128u32, 127u32) << 23u32));
+    let mut s = f32::sqrt(m);
     #[unroll]
     for _ in 0..SQRT_STEPS {
         let up = step_ulp(s, true);
         let down = step_ulp(s, false);
-        let low = fma_f32(-s, up, x, emulate) > 0.0f32;
-        let high = fma_f32(-s, down, x, emulate) <= 0.0f32;
+        let low = fma_f32(-s, up, m, emulate) > 0.0f32;
+        let high = fma_f32(-s, down, m, emulate) <= 0.0f32;
         s = select(low, up, select(high, down, s));
     }
-    // Below 2¹²⁵ so that no product of the test (nor the emulated fma's splits) overflows.
-    let normal = x > c(comptime![pow2_bits(-126)]) && x < c(comptime![pow2_bits(125)]);
-    select(normal, s, s0)
+    // Half the even exponent left over, by an exact division (no signed shift).
+    let half = (exponent(bits) - 127i32 - select(odd, 1i32, 0i32)) / 2i32;
+    let root = f32::reinterpret(u32::cast_from(
+        i32::cast_from(u32::reinterpret(s)) + half * 8_388_608i32,
+    ));
+    select(is_normal(bits) && x > 0.0f32, root, s0)
 }
 
 /// Ulp steps of [`sqrt_rn`]: more than the error of any device's root.
@@ -253,5 +288,156 @@ pub(crate) fn math_probe_kernel(x: &Array<f32>, out: &mut Array<f32>, #[comptime
         out[n + i] = ln_p(x[i], emulate);
         out[2 * n + i] = div_rn(x[i], x[(i + 1) % n], emulate);
         out[3 * n + i] = sqrt_rn(f32::abs(x[i]), emulate);
+    }
+}
+
+/// The correction algorithms of [`div_rn`] and [`sqrt_rn`] on the CPU, fed device results that
+/// are off by a few ulps (what a driver's `/`, reciprocal or `sqrt` may give): the corrected
+/// value must be IEEE's whatever the error. Step for step the kernels above, with the device
+/// operations replaced by perturbed IEEE ones.
+#[cfg(test)]
+mod tests {
+    fn ulps(x: f32, k: i32) -> f32 {
+        f32::from_bits((x.to_bits() as i32 + k) as u32)
+    }
+
+    fn quotient_step(sa: f32, sb: f32, q: f32) -> f32 {
+        let (up, down) = (ulps(q, 1), ulps(q, -1));
+        let r = (-sb).mul_add(q, sa);
+        let m = if r > sb * ((up - q) * 0.5) { up } else { q };
+        if r < -(sb * ((q - down) * 0.5)) {
+            down
+        } else {
+            m
+        }
+    }
+
+    fn exponent(x: f32) -> i32 {
+        ((x.to_bits() >> 23) & 0xff) as i32
+    }
+
+    fn significand(x: f32) -> f32 {
+        f32::from_bits((x.to_bits() & 0x007f_ffff) | 0x3f80_0000)
+    }
+
+    /// `div_rn` with the device's quotient (`dq` ulps off) and reciprocal (`dr`) of the
+    /// significands.
+    fn div_rn(a: f32, b: f32, dq: i32, dr: i32) -> f32 {
+        let (sa, sb) = (significand(a), significand(b));
+        let q0 = ulps(sa / sb, dq);
+        let mut q = (-sb).mul_add(q0, sa).mul_add(ulps(1.0 / sb, dr), q0);
+        for _ in 0..super::DIV_STEPS {
+            q = quotient_step(sa, sb, q);
+        }
+        let e = exponent(q) + exponent(a) - exponent(b);
+        let normal = a.is_normal() && b.is_normal() && (1..=254).contains(&e);
+        let sign = (a.to_bits() ^ b.to_bits()) & 0x8000_0000;
+        if normal {
+            f32::from_bits((q.to_bits() & 0x007f_ffff) | ((e as u32) << 23) | sign)
+        } else {
+            a / b
+        }
+    }
+
+    /// `sqrt_rn` with the device's root of the significand `ds` ulps off.
+    fn sqrt_rn(x: f32, ds: i32) -> f32 {
+        let e = exponent(x) - 127;
+        let odd = e & 1 != 0;
+        let m = f32::from_bits((x.to_bits() & 0x007f_ffff) | (if odd { 128 } else { 127 } << 23));
+        let mut s = ulps(m.sqrt(), ds);
+        for _ in 0..super::SQRT_STEPS {
+            let (up, down) = (ulps(s, 1), ulps(s, -1));
+            let low = (-s).mul_add(up, m) > 0.0;
+            let high = (-s).mul_add(down, m) <= 0.0;
+            s = if low {
+                up
+            } else if high {
+                down
+            } else {
+                s
+            };
+        }
+        let half = (e - odd as i32) >> 1;
+        f32::from_bits((s.to_bits() as i32 + (half << 23)) as u32)
+    }
+
+    /// splitmix64.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        /// A normal float of either sign with exponent in `[-e, e]`.
+        fn float(&mut self, e: i32) -> f32 {
+            let v = self.next();
+            let exp = (v % (2 * e as u64 + 1)) as i32 - e;
+            let bits = (((exp + 127) as u32) << 23) | ((v >> 32) as u32 & 0x007f_ffff);
+            let x = f32::from_bits(bits);
+            if v & (1 << 20) != 0 { -x } else { x }
+        }
+    }
+
+    #[test]
+    fn div_rn_is_ieee_from_a_quotient_a_few_ulps_off() {
+        let mut rng = Rng(7);
+        let mut checked = 0u64;
+        for i in 0..200_000 {
+            let b = rng.float(125);
+            // Half the pairs put `a / b` next to a midpoint of two floats: the hard cases.
+            let a = if i % 2 == 0 {
+                rng.float(125)
+            } else {
+                let q = rng.float(125).abs();
+                let mid = (q as f64 + ulps(q, 1) as f64) / 2.0;
+                (b as f64 * mid) as f32
+            };
+            let want = a / b;
+            if !(a.is_normal() && b.is_normal() && want.is_normal()) {
+                continue;
+            }
+            for dq in -3..=3 {
+                for dr in -2..=2 {
+                    let got = div_rn(a, b, dq, dr);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{a:e} / {b:e}: quotient {dq} ulps, reciprocal {dr} ulps off"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 1_000_000, "{checked} cases");
+    }
+
+    #[test]
+    fn sqrt_rn_is_ieee_from_a_root_a_few_ulps_off() {
+        let mut rng = Rng(11);
+        for i in 0..200_000 {
+            // Every other `x` the square of a midpoint, rounded: the hard cases.
+            let x = if i % 2 == 0 {
+                rng.float(126).abs()
+            } else {
+                let s = rng.float(63).abs();
+                let mid = (s as f64 + ulps(s, 1) as f64) / 2.0;
+                (mid * mid) as f32
+            };
+            if !x.is_normal() {
+                continue;
+            }
+            let want = x.sqrt();
+            for ds in -3..=3 {
+                let got = sqrt_rn(x, ds);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "sqrt({x:e}), root {ds} ulps off"
+                );
+            }
+        }
     }
 }
