@@ -189,7 +189,7 @@ pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     let (ba, bb) = (u32::reinterpret(a), u32::reinterpret(b));
     let q = significand_quotient(significand(ba), significand(bb), emulate);
     let e = exponent(u32::reinterpret(q)) + exponent(ba) - exponent(bb);
-    let normal = is_normal(ba) && is_normal(bb) && e >= 1i32 && e <= 254i32;
+    let normal = is_normal(ba) && is_normal(bb) && normal_exponent(e);
     let sign = (ba ^ bb) & 0x8000_0000u32;
     let bits = (u32::reinterpret(q) & 0x007f_ffffu32) | (u32::cast_from(e) << 23u32) | sign;
     select(normal, f32::reinterpret(bits), q0)
@@ -204,7 +204,13 @@ fn exponent(bits: u32) -> i32 {
 /// Finite, nonzero and not subnormal.
 #[cube]
 fn is_normal(bits: u32) -> bool {
-    let e = exponent(bits);
+    normal_exponent(exponent(bits))
+}
+
+/// A biased exponent of a normal float.
+#[cube]
+#[allow(clippy::manual_range_contains)] // #[cube] cannot expand `RangeInclusive::contains`
+fn normal_exponent(e: i32) -> bool {
     e >= 1i32 && e <= 254i32
 }
 
