@@ -187,11 +187,15 @@ fn step_ulp(x: f32, up: bool) -> f32 {
 pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     let q0 = a / b;
     let (ba, bb) = (u32::reinterpret(a), u32::reinterpret(b));
-    let q = significand_quotient(significand(ba), significand(bb), emulate);
-    let e = exponent(u32::reinterpret(q)) + exponent(ba) - exponent(bb);
+    let bq = u32::reinterpret(significand_quotient(
+        significand(ba),
+        significand(bb),
+        emulate,
+    ));
+    let e = exponent(bq) + exponent(ba) - exponent(bb);
     let normal = is_normal(ba) && is_normal(bb) && normal_exponent(e);
     let sign = (ba ^ bb) & 0x8000_0000u32;
-    let bits = (u32::reinterpret(q) & 0x007f_ffffu32) | (u32::cast_from(e) << 23u32) | sign;
+    let bits = (bq & 0x007f_ffffu32) | (u32::cast_from(e) << 23u32) | sign;
     select(normal, f32::reinterpret(bits), q0)
 }
 
@@ -261,8 +265,8 @@ pub fn sqrt_rn(x: f32, #[comptime] emulate: bool) -> f32 {
     let s0 = f32::sqrt(x);
     let bits = u32::reinterpret(x);
     // An odd unbiased exponent (an even biased one) moves one factor 2 into the significand.
-    let odd = (bits & 0x0080_0000u32) == 0u32;
-    let m = f32::reinterpret((bits & 0x007f_ffffu32) | (select(odd, 128u32, 127u32) << 23u32));
+    let m_exp = select((bits & 0x0080_0000u32) == 0u32, 128u32, 127u32);
+    let m = f32::reinterpret((bits & 0x007f_ffffu32) | (m_exp << 23u32));
     let mut s = f32::sqrt(m);
     #[unroll]
     for _ in 0..SQRT_STEPS {
@@ -273,7 +277,7 @@ pub fn sqrt_rn(x: f32, #[comptime] emulate: bool) -> f32 {
         s = select(low, up, select(high, down, s));
     }
     // Half the even exponent left over, by an exact division (no signed shift).
-    let half = (exponent(bits) - 127i32 - select(odd, 1i32, 0i32)) / 2i32;
+    let half = (exponent(bits) - i32::cast_from(m_exp)) / 2i32;
     let root = f32::reinterpret(u32::cast_from(
         i32::cast_from(u32::reinterpret(s)) + half * 8_388_608i32,
     ));
