@@ -1,12 +1,13 @@
 //! The backward: the δ kernel (per query row), the dQ kernel (tiles of query rows, keys
 //! ascending) and the dK/dV kernel (tiles of keys, query rows of the group ascending).
 
-use super::forward::query_rows;
+use super::forward::{query_rows, zero};
 use super::inputs::{Checked, Layouts, check_inputs};
 use super::math::exp_p;
 use super::tile::{
     AttnCfg, AttnParams, DC, DKV_PAD, DKV_ROWS, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, SCALE_B,
-    SCALE_NONE, STAGE_LEN, THREADS, UNITS, dot_tile, kv_len_of, load_chunk, visible,
+    SCALE_NONE, STAGE_LEN, THREADS, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows,
+    key_rows, kv_base, kv_len_of, load_chunk, max_visible, visible,
 };
 use super::{AttentionGradRefs, AttentionRefs, attention_backward_workspace_len};
 use crate::error::KernelError;
@@ -221,16 +222,31 @@ pub(crate) fn attention_delta_kernel<F: Float>(
     }
 }
 
-/// Query-row state of a tile, from the workspace: visible keys (0: takes no part), `lse`, `δ`.
+/// Query-row state of a tile in shared memory: visible keys (0: takes no part), `lse`, `δ`.
+#[derive(CubeType)]
+struct RowState {
+    vis: SharedMemory<u32>,
+    lse: SharedMemory<f32>,
+    del: SharedMemory<f32>,
+}
+
+#[cube]
+fn row_state(#[comptime] n: usize) -> RowState {
+    RowState {
+        vis: SharedMemory::<u32>::new(n),
+        lse: SharedMemory::<f32>::new(n),
+        del: SharedMemory::<f32>::new(n),
+    }
+}
+
+/// Rows `r0 .. r0 + n` (of `gq`) of the state, from the workspace.
 #[cube]
 fn load_row_state(
     ws: &Tensor<u32>,
     row_base: usize,
     r0: usize,
     gq: usize,
-    vis_s: &mut SharedMemory<u32>,
-    lse_s: &mut SharedMemory<f32>,
-    del_s: &mut SharedMemory<f32>,
+    rows: &mut RowState,
     #[comptime] n: usize,
 ) {
     let tid = UNIT_POS_Y as usize * UNITS + UNIT_POS_X as usize;
@@ -245,10 +261,16 @@ fn load_row_state(
             vis = ws[at + 1];
             l = f32::reinterpret(ws[at + 2]);
         }
-        vis_s[tid] = vis;
-        lse_s[tid] = l;
-        del_s[tid] = del;
+        rows.vis[tid] = vis;
+        rows.lse[tid] = l;
+        rows.del[tid] = del;
     }
+}
+
+/// Index of the KV group's first query row among all rows (`(b·H + h)·Q + i`).
+#[cube]
+fn group_row_base(tile: &Tile, p: &AttnParams) -> usize {
+    (tile.b * p.heads as usize + tile.kh * p.group as usize) * p.q_len as usize
 }
 
 /// `dQ`: one cube per (batch row, KV head, tile of `16·rows` query rows of the group).
@@ -265,93 +287,35 @@ pub(crate) fn attention_dq_kernel<F: Float>(
     #[comptime] cfg: AttnCfg,
     #[define(F)] _dtype: StorageType,
 ) {
-    let d = comptime![cfg.d];
-    let ra = comptime![cfg.rows];
-    let emulate = comptime![cfg.emulate];
+    let (ra, d, emulate) = (
+        comptime![cfg.rows],
+        comptime![cfg.d],
+        comptime![cfg.emulate],
+    );
     let br = comptime![UNITS * cfg.rows];
-    let nch = comptime![cfg.chunks()];
-    let ncol = comptime![cfg.cols()];
-    let unroll = comptime![!cfg.emulate];
-
-    let tx = UNIT_POS_X as usize;
-    let ty = UNIT_POS_Y as usize;
-    let q_len = p.q_len as usize;
-    let group = p.group as usize;
-    let kvh = p.kv_heads as usize;
-    let gq = group * q_len;
-    let tiles = gq.div_ceil(br);
-    let cube = p.offset as usize + CUBE_POS_X as usize;
-    let tile = cube % tiles;
-    let bkh = cube / tiles;
-    let b = bkh / kvh;
-    let kh = bkh % kvh;
-    let r0 = tile * br;
-    let row_base = (b * p.heads as usize + kh * group) * q_len;
-
+    let gq = p.group as usize * p.q_len as usize;
+    let tile = cube_tile(&p, gq, gq, br);
+    let row_base = group_row_base(&tile, &p);
     let mut stage = SharedMemory::<f32>::new(STAGE_LEN);
     let mut ss = SharedMemory::<f32>::new(br * S_PAD);
-    let mut vis_s = SharedMemory::<u32>::new(br);
-    let mut lse_s = SharedMemory::<f32>::new(br);
-    let mut del_s = SharedMemory::<f32>::new(br);
-    load_row_state(ws, row_base, r0, gq, &mut vis_s, &mut lse_s, &mut del_s, br);
+    let mut rows = row_state(br);
+    load_row_state(ws, row_base, tile.first, gq, &mut rows, br);
     sync_cube();
-    let mut max_vis = 0u32;
-    for rr in 0..br {
-        max_vis = max(max_vis, vis_s[rr]);
-    }
-    let max_vis = max_vis as usize;
+    let max_vis = max_visible(&rows.vis, br);
+    let qsrc = group_rows(group_base(&p.q, &tile, &p), tile.first, gq, &p.q, &p);
+    let gsrc = group_rows(group_base(&p.go, &tile, &p), tile.first, gq, &p.go, &p);
+    let kbase = kv_base(&p.k, &tile);
+    let vbase = kv_base(&p.v, &tile);
 
-    let qsrc = RowSrc {
-        base: b * p.q.b as usize + kh * group * p.q.h as usize,
-        first: r0,
-        limit: gq,
-        inner: q_len,
-        s_outer: p.q.h as usize,
-        s_inner: p.q.s as usize,
-        s_d: p.q.d as usize,
-    };
-    let gsrc = RowSrc {
-        base: b * p.go.b as usize + kh * group * p.go.h as usize,
-        first: r0,
-        limit: gq,
-        inner: q_len,
-        s_outer: p.go.h as usize,
-        s_inner: p.go.s as usize,
-        s_d: p.go.d as usize,
-    };
-    let kbase = b * p.k.b as usize + kh * p.k.h as usize;
-    let vbase = b * p.v.b as usize + kh * p.v.h as usize;
-
-    let mut dq = Array::<f32>::new(ra * ncol);
-    #[unroll]
-    for x in 0..ra * ncol {
-        dq[x] = 0.0f32;
-    }
-    let mut s = Array::<f32>::new(ra * 4);
-    let mut dp = Array::<f32>::new(ra * 4);
-
-    let nblocks = max_vis.div_ceil(KEY_BLOCK);
-    for kb in 0..nblocks {
+    let mut dq = Array::<f32>::new(comptime![cfg.rows * cfg.cols()]);
+    zero(&mut dq, comptime![cfg.rows * cfg.cols()]);
+    let mut s = Array::<f32>::new(comptime![cfg.rows * 4]);
+    let mut dp = Array::<f32>::new(comptime![cfg.rows * 4]);
+    for kb in 0..max_vis.div_ceil(KEY_BLOCK) {
         let j0 = kb * KEY_BLOCK;
         let bend = min(j0 + KEY_BLOCK, max_vis);
-        let ksrc = RowSrc {
-            base: kbase,
-            first: j0,
-            limit: bend,
-            inner: bend,
-            s_outer: 0usize,
-            s_inner: p.k.s as usize,
-            s_d: p.k.d as usize,
-        };
-        let vsrc = RowSrc {
-            base: vbase,
-            first: j0,
-            limit: bend,
-            inner: bend,
-            s_outer: 0usize,
-            s_inner: p.v.s as usize,
-            s_d: p.v.d as usize,
-        };
+        let ksrc = key_rows(kbase, j0, bend, &p.k);
+        let vsrc = key_rows(vbase, j0, bend, &p.v);
         dot_tile::<F>(
             q, &qsrc, k, &ksrc, p.scale, &mut stage, &mut s, ra, 4usize, SCALE_A, d, emulate,
         );
@@ -359,63 +323,127 @@ pub(crate) fn attention_dq_kernel<F: Float>(
             grad_out, &gsrc, v, &vsrc, p.scale, &mut stage, &mut dp, ra, 4usize, SCALE_NONE, d,
             emulate,
         );
+        query_ds(&s, &dp, j0, &rows, &mut ss, cfg);
+        accumulate_dsk::<F>(
+            k,
+            &ksrc,
+            p.scale,
+            j0,
+            bend - j0,
+            &ss,
+            &rows,
+            &mut stage,
+            &mut dq,
+            cfg,
+        );
+    }
+    write_dq::<F>(grad_query, &dq, &tile, &rows, &p, cfg);
+}
+
+/// `ds = p·(dp − δ)`, `p = exp_p(s − lse)`, for the unit's (query row, key) pairs of visible keys,
+/// into `ss`.
+#[cube]
+fn query_ds(
+    s: &Array<f32>,
+    dp: &Array<f32>,
+    j0: usize,
+    rows: &RowState,
+    ss: &mut SharedMemory<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    #[unroll]
+    for i in 0..comptime![cfg.rows] {
+        let row = ty + i * UNITS;
         #[unroll]
-        for i in 0..ra {
-            let row = ty + i * UNITS;
+        for c in 0..4usize {
+            let key = tx + c * UNITS;
+            if ((j0 + key) as u32) < rows.vis[row] {
+                let pr = exp_p(s[i * 4 + c] - rows.lse[row], comptime![cfg.emulate]);
+                ss[row * S_PAD + key] = pr * (dp[i * 4 + c] - rows.del[row]);
+            }
+        }
+    }
+    sync_cube();
+}
+
+/// `dq += ds·k` over the block's `nk` keys ascending (one fma chain per element), chunk by chunk
+/// of `DC` columns.
+#[cube]
+fn accumulate_dsk<F: Float>(
+    k: &Tensor<F>,
+    ksrc: &RowSrc,
+    scale: f32,
+    j0: usize,
+    nk: usize,
+    ss: &SharedMemory<f32>,
+    rows: &RowState,
+    stage: &mut SharedMemory<f32>,
+    dq: &mut Array<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let ncol = comptime![cfg.cols()];
+    let emulate = comptime![cfg.emulate];
+    let unroll = comptime![!cfg.emulate];
+    #[unroll(unroll)]
+    for ch in 0..comptime![cfg.chunks()] {
+        load_chunk::<F>(
+            k,
+            ksrc,
+            ch * DC,
+            scale,
+            stage,
+            0usize,
+            KEY_BLOCK,
+            false,
+            comptime![cfg.d],
+        );
+        sync_cube();
+        for j in 0..nk {
+            let k0 = stage[j * DC + tx];
+            let k1 = stage[j * DC + tx + UNITS];
             #[unroll]
-            for c in 0..4usize {
-                let key = tx + c * UNITS;
-                if ((j0 + key) as u32) < vis_s[row] {
-                    let pr = exp_p(s[i * 4 + c] - lse_s[row], emulate);
-                    ss[row * S_PAD + key] = pr * (dp[i * 4 + c] - del_s[row]);
+            for i in 0..comptime![cfg.rows] {
+                let row = ty + i * UNITS;
+                if ((j0 + j) as u32) < rows.vis[row] {
+                    let ds = ss[row * S_PAD + j];
+                    let x = i * ncol + ch * 2;
+                    dq[x] = fma_f32(ds, k0, dq[x], emulate);
+                    dq[x + 1] = fma_f32(ds, k1, dq[x + 1], emulate);
                 }
             }
         }
         sync_cube();
-        let nk = bend - j0;
-        #[unroll(unroll)]
-        for ch in 0..nch {
-            load_chunk::<F>(
-                k,
-                &ksrc,
-                ch * DC,
-                p.scale,
-                &mut stage,
-                0usize,
-                KEY_BLOCK,
-                false,
-                d,
-            );
-            sync_cube();
-            for j in 0..nk {
-                let k0 = stage[j * DC + tx];
-                let k1 = stage[j * DC + tx + UNITS];
-                #[unroll]
-                for i in 0..ra {
-                    let row = ty + i * UNITS;
-                    if ((j0 + j) as u32) < vis_s[row] {
-                        let ds = ss[row * S_PAD + j];
-                        let x = i * ncol + ch * 2;
-                        dq[x] = fma_f32(ds, k0, dq[x], emulate);
-                        dq[x + 1] = fma_f32(ds, k1, dq[x + 1], emulate);
-                    }
-                }
-            }
-            sync_cube();
-        }
     }
+}
 
+/// `grad_query = dq·scale` rounded once, zeros for rows that take no part.
+#[cube]
+fn write_dq<F: Float>(
+    grad_query: &mut Tensor<F>,
+    dq: &Array<f32>,
+    tile: &Tile,
+    rows: &RowState,
+    p: &AttnParams,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let d = comptime![cfg.d];
+    let ncol = comptime![cfg.cols()];
+    let unroll = comptime![!cfg.emulate];
+    let q_len = p.q_len as usize;
     #[unroll]
-    for i in 0..ra {
+    for i in 0..comptime![cfg.rows] {
         let row = ty + i * UNITS;
-        let r = r0 + row;
-        if r < gq {
-            let h = kh * group + r / q_len;
+        let r = tile.first + row;
+        if r < tile.gq {
+            let h = tile.kh * p.group as usize + r / q_len;
             let qi = r % q_len;
-            let base = b * p.gq.b as usize + h * p.gq.h as usize + qi * p.gq.s as usize;
-            let active = vis_s[row] > 0u32;
+            let base = tile.b * p.gq.b as usize + h * p.gq.h as usize + qi * p.gq.s as usize;
+            let active = rows.vis[row] > 0u32;
             #[unroll(unroll)]
-            for ch in 0..nch {
+            for ch in 0..comptime![cfg.chunks()] {
                 #[unroll]
                 for c in 0..2usize {
                     let col = ch * DC + tx + c * UNITS;
@@ -427,6 +455,13 @@ pub(crate) fn attention_dq_kernel<F: Float>(
             }
         }
     }
+}
+
+/// The dK/dV kernel's tiles of `p` and `ds` (keys × the step's query rows, pitch `DKV_PAD`).
+#[derive(CubeType)]
+struct KeyTiles {
+    p: SharedMemory<f32>,
+    ds: SharedMemory<f32>,
 }
 
 /// `dK`, `dV`: one cube per (batch row, KV head, tile of `16·rows` keys); the query rows of the
@@ -445,104 +480,49 @@ pub(crate) fn attention_dkv_kernel<F: Float>(
     #[comptime] cfg: AttnCfg,
     #[define(F)] _dtype: StorageType,
 ) {
-    let d = comptime![cfg.d];
-    let ra = comptime![cfg.rows];
-    let emulate = comptime![cfg.emulate];
+    let (ra, d, emulate) = (
+        comptime![cfg.rows],
+        comptime![cfg.d],
+        comptime![cfg.emulate],
+    );
     let bk = comptime![UNITS * cfg.rows];
-    let nch = comptime![cfg.chunks()];
-    let ncol = comptime![cfg.cols()];
-    let unroll = comptime![!cfg.emulate];
     let nq = comptime![DKV_ROWS / UNITS];
-
-    let tx = UNIT_POS_X as usize;
-    let ty = UNIT_POS_Y as usize;
-    let q_len = p.q_len as usize;
-    let group = p.group as usize;
-    let kvh = p.kv_heads as usize;
-    let kv = p.kv_len as usize;
-    let gq = group * q_len;
-    let tiles = kv.div_ceil(bk);
-    let cube = p.offset as usize + CUBE_POS_X as usize;
-    let tile = cube % tiles;
-    let bkh = cube / tiles;
-    let b = bkh / kvh;
-    let kh = bkh % kvh;
-    let k0 = tile * bk;
-    let row_base = (b * p.heads as usize + kh * group) * q_len;
-
+    let gq = p.group as usize * p.q_len as usize;
+    let tile = cube_tile(&p, gq, p.kv_len as usize, bk);
+    let row_base = group_row_base(&tile, &p);
     let mut stage = SharedMemory::<f32>::new(STAGE_LEN);
-    let mut pt = SharedMemory::<f32>::new(bk * DKV_PAD);
-    let mut dst = SharedMemory::<f32>::new(bk * DKV_PAD);
-    let mut vis_s = SharedMemory::<u32>::new(DKV_ROWS);
-    let mut lse_s = SharedMemory::<f32>::new(DKV_ROWS);
-    let mut del_s = SharedMemory::<f32>::new(DKV_ROWS);
+    let mut kt = KeyTiles {
+        p: SharedMemory::<f32>::new(bk * DKV_PAD),
+        ds: SharedMemory::<f32>::new(bk * DKV_PAD),
+    };
+    let mut rows = row_state(DKV_ROWS);
 
-    let mut dk = Array::<f32>::new(ra * ncol);
-    let mut dv = Array::<f32>::new(ra * ncol);
+    let mut dk = Array::<f32>::new(comptime![cfg.rows * cfg.cols()]);
+    let mut dv = Array::<f32>::new(comptime![cfg.rows * cfg.cols()]);
     #[unroll]
-    for x in 0..ra * ncol {
+    for x in 0..comptime![cfg.rows * cfg.cols()] {
         dk[x] = 0.0f32;
         dv[x] = 0.0f32;
     }
-    let mut s = Array::<f32>::new(ra * nq);
-    let mut dp = Array::<f32>::new(ra * nq);
+    let mut s = Array::<f32>::new(comptime![cfg.rows * DKV_ROWS / UNITS]);
+    let mut dp = Array::<f32>::new(comptime![cfg.rows * DKV_ROWS / UNITS]);
+    let kbase = kv_base(&p.k, &tile);
+    let vbase = kv_base(&p.v, &tile);
+    let qbase = group_base(&p.q, &tile, &p);
+    let gbase = group_base(&p.go, &tile, &p);
 
-    let kbase = b * p.k.b as usize + kh * p.k.h as usize;
-    let vbase = b * p.v.b as usize + kh * p.v.h as usize;
-    let qbase = b * p.q.b as usize + kh * group * p.q.h as usize;
-    let gbase = b * p.go.b as usize + kh * group * p.go.h as usize;
-
-    let steps = gq.div_ceil(DKV_ROWS);
-    for st in 0..steps {
+    for st in 0..gq.div_ceil(DKV_ROWS) {
         let r0 = st * DKV_ROWS;
-        load_row_state(
-            ws, row_base, r0, gq, &mut vis_s, &mut lse_s, &mut del_s, DKV_ROWS,
-        );
+        load_row_state(ws, row_base, r0, gq, &mut rows, DKV_ROWS);
         sync_cube();
-        let mut tmax = 0u32;
-        for rr in 0..DKV_ROWS {
-            tmax = max(tmax, vis_s[rr]);
-        }
-        let tmax = tmax as usize;
+        let tmax = max_visible(&rows.vis, DKV_ROWS);
         // Uniform over the cube: skip steps whose rows see none of the tile's keys.
-        if tmax > k0 {
-            let klimit = min(k0 + bk, tmax);
-            let ksrc = RowSrc {
-                base: kbase,
-                first: k0,
-                limit: klimit,
-                inner: klimit,
-                s_outer: 0usize,
-                s_inner: p.k.s as usize,
-                s_d: p.k.d as usize,
-            };
-            let vsrc = RowSrc {
-                base: vbase,
-                first: k0,
-                limit: klimit,
-                inner: klimit,
-                s_outer: 0usize,
-                s_inner: p.v.s as usize,
-                s_d: p.v.d as usize,
-            };
-            let qsrc = RowSrc {
-                base: qbase,
-                first: r0,
-                limit: gq,
-                inner: q_len,
-                s_outer: p.q.h as usize,
-                s_inner: p.q.s as usize,
-                s_d: p.q.d as usize,
-            };
-            let gsrc = RowSrc {
-                base: gbase,
-                first: r0,
-                limit: gq,
-                inner: q_len,
-                s_outer: p.go.h as usize,
-                s_inner: p.go.s as usize,
-                s_d: p.go.d as usize,
-            };
+        if tmax > tile.first {
+            let klimit = min(tile.first + bk, tmax);
+            let ksrc = key_rows(kbase, tile.first, klimit, &p.k);
+            let vsrc = key_rows(vbase, tile.first, klimit, &p.v);
+            let qsrc = group_rows(qbase, r0, gq, &p.q, &p);
+            let gsrc = group_rows(gbase, r0, gq, &p.go, &p);
             dot_tile::<F>(
                 k, &ksrc, q, &qsrc, p.scale, &mut stage, &mut s, ra, nq, SCALE_B, d, emulate,
             );
@@ -550,80 +530,159 @@ pub(crate) fn attention_dkv_kernel<F: Float>(
                 v, &vsrc, grad_out, &gsrc, p.scale, &mut stage, &mut dp, ra, nq, SCALE_NONE, d,
                 emulate,
             );
-            #[unroll]
-            for i in 0..ra {
-                let kr = ty + i * UNITS;
-                #[unroll]
-                for c in 0..nq {
-                    let rr = tx + c * UNITS;
-                    if ((k0 + kr) as u32) < vis_s[rr] {
-                        let pr = exp_p(s[i * nq + c] - lse_s[rr], emulate);
-                        pt[kr * DKV_PAD + rr] = pr;
-                        dst[kr * DKV_PAD + rr] = pr * (dp[i * nq + c] - del_s[rr]);
-                    }
-                }
-            }
-            sync_cube();
+            key_p_ds(&s, &dp, tile.first, &rows, &mut kt, cfg);
             let nr = min(DKV_ROWS, gq - r0);
-            #[unroll(unroll)]
-            for ch in 0..nch {
-                load_chunk::<F>(
-                    grad_out,
-                    &gsrc,
-                    ch * DC,
-                    p.scale,
-                    &mut stage,
-                    0usize,
-                    DKV_ROWS,
-                    false,
-                    d,
-                );
-                load_chunk::<F>(
-                    q,
-                    &qsrc,
-                    ch * DC,
-                    p.scale,
-                    &mut stage,
-                    comptime![DKV_ROWS * DC],
-                    DKV_ROWS,
-                    true,
-                    d,
-                );
-                sync_cube();
-                for rr in 0..nr {
-                    let g0 = stage[rr * DC + tx];
-                    let g1 = stage[rr * DC + tx + UNITS];
-                    let q0 = stage[DKV_ROWS * DC + rr * DC + tx];
-                    let q1 = stage[DKV_ROWS * DC + rr * DC + tx + UNITS];
-                    let vr = vis_s[rr];
-                    #[unroll]
-                    for i in 0..ra {
-                        let kr = ty + i * UNITS;
-                        if ((k0 + kr) as u32) < vr {
-                            let pr = pt[kr * DKV_PAD + rr];
-                            let ds = dst[kr * DKV_PAD + rr];
-                            let x = i * ncol + ch * 2;
-                            dv[x] = fma_f32(pr, g0, dv[x], emulate);
-                            dv[x + 1] = fma_f32(pr, g1, dv[x + 1], emulate);
-                            dk[x] = fma_f32(ds, q0, dk[x], emulate);
-                            dk[x + 1] = fma_f32(ds, q1, dk[x + 1], emulate);
-                        }
-                    }
-                }
-                sync_cube();
-            }
+            accumulate_dkv::<F>(
+                q, &qsrc, grad_out, &gsrc, p.scale, nr, tile.first, &rows, &kt, &mut stage,
+                &mut dk, &mut dv, cfg,
+            );
         }
         sync_cube();
     }
+    write_dkv::<F>(grad_key, grad_value, &dk, &dv, &tile, &p, cfg);
+}
 
+/// `p = exp_p(s − lse)` and `ds = p·(dp − δ)` for the unit's (key, query row) pairs where the
+/// row sees the key, into the key tiles.
+#[cube]
+fn key_p_ds(
+    s: &Array<f32>,
+    dp: &Array<f32>,
+    k0: usize,
+    rows: &RowState,
+    kt: &mut KeyTiles,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let nq = comptime![DKV_ROWS / UNITS];
     #[unroll]
-    for i in 0..ra {
-        let key = k0 + ty + i * UNITS;
-        if key < kv {
+    for i in 0..comptime![cfg.rows] {
+        let kr = ty + i * UNITS;
+        #[unroll]
+        for c in 0..nq {
+            let rr = tx + c * UNITS;
+            if ((k0 + kr) as u32) < rows.vis[rr] {
+                let pr = exp_p(s[i * nq + c] - rows.lse[rr], comptime![cfg.emulate]);
+                kt.p[kr * DKV_PAD + rr] = pr;
+                kt.ds[kr * DKV_PAD + rr] = pr * (dp[i * nq + c] - rows.del[rr]);
+            }
+        }
+    }
+    sync_cube();
+}
+
+/// `dv += p·dO` and `dk += ds·q'` over the step's `nr` query rows ascending (one fma chain per
+/// element), chunk by chunk of `DC` columns.
+#[cube]
+fn accumulate_dkv<F: Float>(
+    q: &Tensor<F>,
+    qsrc: &RowSrc,
+    grad_out: &Tensor<F>,
+    gsrc: &RowSrc,
+    scale: f32,
+    nr: usize,
+    k0: usize,
+    rows: &RowState,
+    kt: &KeyTiles,
+    stage: &mut SharedMemory<f32>,
+    dk: &mut Array<f32>,
+    dv: &mut Array<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let d = comptime![cfg.d];
+    let unroll = comptime![!cfg.emulate];
+    #[unroll(unroll)]
+    for ch in 0..comptime![cfg.chunks()] {
+        load_chunk::<F>(
+            grad_out,
+            gsrc,
+            ch * DC,
+            scale,
+            stage,
+            0usize,
+            DKV_ROWS,
+            false,
+            d,
+        );
+        load_chunk::<F>(
+            q,
+            qsrc,
+            ch * DC,
+            scale,
+            stage,
+            comptime![DKV_ROWS * DC],
+            DKV_ROWS,
+            true,
+            d,
+        );
+        sync_cube();
+        chunk_dkv(stage, nr, k0, ch, rows, kt, dk, dv, cfg);
+        sync_cube();
+    }
+}
+
+/// One chunk of [`accumulate_dkv`] from the staged `dO` and `q'` rows.
+#[cube]
+fn chunk_dkv(
+    stage: &SharedMemory<f32>,
+    nr: usize,
+    k0: usize,
+    ch: usize,
+    rows: &RowState,
+    kt: &KeyTiles,
+    dk: &mut Array<f32>,
+    dv: &mut Array<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let ncol = comptime![cfg.cols()];
+    let emulate = comptime![cfg.emulate];
+    for rr in 0..nr {
+        let g0 = stage[rr * DC + tx];
+        let g1 = stage[rr * DC + tx + UNITS];
+        let q0 = stage[DKV_ROWS * DC + rr * DC + tx];
+        let q1 = stage[DKV_ROWS * DC + rr * DC + tx + UNITS];
+        let vr = rows.vis[rr];
+        #[unroll]
+        for i in 0..comptime![cfg.rows] {
+            let kr = ty + i * UNITS;
+            if ((k0 + kr) as u32) < vr {
+                let pr = kt.p[kr * DKV_PAD + rr];
+                let ds = kt.ds[kr * DKV_PAD + rr];
+                let x = i * ncol + ch * 2;
+                dv[x] = fma_f32(pr, g0, dv[x], emulate);
+                dv[x + 1] = fma_f32(pr, g1, dv[x + 1], emulate);
+                dk[x] = fma_f32(ds, q0, dk[x], emulate);
+                dk[x + 1] = fma_f32(ds, q1, dk[x + 1], emulate);
+            }
+        }
+    }
+}
+
+/// `grad_key`, `grad_value` rounded once, for the tile's keys.
+#[cube]
+fn write_dkv<F: Float>(
+    grad_key: &mut Tensor<F>,
+    grad_value: &mut Tensor<F>,
+    dk: &Array<f32>,
+    dv: &Array<f32>,
+    tile: &Tile,
+    p: &AttnParams,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let d = comptime![cfg.d];
+    let ncol = comptime![cfg.cols()];
+    let unroll = comptime![!cfg.emulate];
+    let (b, kh) = (tile.b, tile.kh);
+    #[unroll]
+    for i in 0..comptime![cfg.rows] {
+        let key = tile.first + ty + i * UNITS;
+        if key < p.kv_len as usize {
             let kb = b * p.gk.b as usize + kh * p.gk.h as usize + key * p.gk.s as usize;
             let vb = b * p.gv.b as usize + kh * p.gv.h as usize + key * p.gv.s as usize;
             #[unroll(unroll)]
-            for ch in 0..nch {
+            for ch in 0..comptime![cfg.chunks()] {
                 #[unroll]
                 for c in 0..2usize {
                     let col = ch * DC + tx + c * UNITS;

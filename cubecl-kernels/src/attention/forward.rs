@@ -9,8 +9,9 @@ use super::tc_forward::{
     TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split,
 };
 use super::tile::{
-    AttnCfg, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, STAGE_LEN, UNITS, dot_tile,
-    kv_len_of, load_chunk, visible,
+    AttnCfg, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, STAGE_LEN, Tile, UNITS, cube_tile,
+    dot_tile, group_base, group_rows, key_rows, kv_base, kv_len_of, load_chunk, max_visible,
+    visible,
 };
 use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
@@ -146,6 +147,19 @@ pub(crate) fn query_rows(c: &Checked) -> usize {
     }
 }
 
+/// The forward's per-row values in shared memory: visible keys, the block's visible keys, its
+/// max `m'`, `α`, and at the end `l`.
+#[derive(CubeType)]
+struct RowShared {
+    vis: SharedMemory<u32>,
+    cnt: SharedMemory<u32>,
+    mx: SharedMemory<f32>,
+    al: SharedMemory<f32>,
+    l: SharedMemory<f32>,
+}
+
+/// The FMA forward (see [`attention_forward`]): per key block the scores, the block max and `α`,
+/// the probabilities, the row sums and `P·V`; then `lse` and the output.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
 pub(crate) fn attention_forward_kernel<F: Float>(
@@ -159,228 +173,343 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     #[comptime] cfg: AttnCfg,
     #[define(F)] _dtype: StorageType,
 ) {
-    let d = comptime![cfg.d];
-    let ra = comptime![cfg.rows];
-    let emulate = comptime![cfg.emulate];
     let br = comptime![UNITS * cfg.rows];
-    let nch = comptime![cfg.chunks()];
-    let ncol = comptime![cfg.cols()];
-    let unroll = comptime![!cfg.emulate];
-
-    let tx = UNIT_POS_X as usize;
-    let ty = UNIT_POS_Y as usize;
-    let tid = ty * UNITS + tx;
-    let q_len = p.q_len as usize;
-    let group = p.group as usize;
-    let kvh = p.kv_heads as usize;
-    let gq = group * q_len;
-    let tiles = gq.div_ceil(br);
-    let cube = p.offset as usize + CUBE_POS_X as usize;
-    let tile = cube % tiles;
-    let bkh = cube / tiles;
-    let b = bkh / kvh;
-    let kh = bkh % kvh;
-    let r0 = tile * br;
-    let len = kv_len_of(kv_lens, b * p.lens as usize, p.kv_len);
-
+    // The unit's index: row owners are the units `tid < br`.
+    let tid = UNIT_POS_Y as usize * UNITS + UNIT_POS_X as usize;
+    let gq = p.group as usize * p.q_len as usize;
+    let tile = cube_tile(&p, gq, gq, br);
+    let len = kv_len_of(kv_lens, tile.b * p.lens as usize, p.kv_len);
     let mut stage = SharedMemory::<f32>::new(STAGE_LEN);
     let mut ss = SharedMemory::<f32>::new(br * S_PAD);
-    let mut vis_s = SharedMemory::<u32>::new(br);
-    let mut cnt_s = SharedMemory::<u32>::new(br);
-    let mut mx_s = SharedMemory::<f32>::new(br);
-    let mut al_s = SharedMemory::<f32>::new(br);
-    let mut l_s = SharedMemory::<f32>::new(br);
-
-    if tid < br {
-        let r = r0 + tid;
-        let mut vis = 0u32;
-        if r < gq {
-            vis = visible(len, p.q_len, r % q_len, comptime![cfg.causal]);
-        }
-        vis_s[tid] = vis;
-    }
-    sync_cube();
-    let mut max_vis = 0u32;
-    for rr in 0..br {
-        max_vis = max(max_vis, vis_s[rr]);
-    }
-    let max_vis = max_vis as usize;
-
-    let qsrc = RowSrc {
-        base: b * p.q.b as usize + kh * group * p.q.h as usize,
-        first: r0,
-        limit: gq,
-        inner: q_len,
-        s_outer: p.q.h as usize,
-        s_inner: p.q.s as usize,
-        s_d: p.q.d as usize,
+    let mut rows = RowShared {
+        vis: SharedMemory::<u32>::new(br),
+        cnt: SharedMemory::<u32>::new(br),
+        mx: SharedMemory::<f32>::new(br),
+        al: SharedMemory::<f32>::new(br),
+        l: SharedMemory::<f32>::new(br),
     };
-    let kbase = b * p.k.b as usize + kh * p.k.h as usize;
-    let vbase = b * p.v.b as usize + kh * p.v.h as usize;
+    row_visibility(tid, &tile, len, &p, &mut rows.vis, cfg);
+    sync_cube();
+    let max_vis = max_visible(&rows.vis, br);
+    let qsrc = group_rows(group_base(&p.q, &tile, &p), tile.first, tile.gq, &p.q, &p);
+    let kbase = kv_base(&p.k, &tile);
+    let vbase = kv_base(&p.v, &tile);
 
-    // The row owner's (unit `tid < br`, row `r0 + tid`) running max and sum.
+    // The row owner's (unit `tid < br`, row `first + tid`) running max and sum.
     let mut m = neg_inf();
     let mut l = 0.0f32;
-    let mut o = Array::<f32>::new(ra * ncol);
-    #[unroll]
-    for x in 0..ra * ncol {
-        o[x] = 0.0f32;
-    }
-    let mut s = Array::<f32>::new(ra * 4);
-
-    let nblocks = max_vis.div_ceil(KEY_BLOCK);
-    for kb in 0..nblocks {
+    let mut o = Array::<f32>::new(comptime![cfg.rows * cfg.cols()]);
+    zero(&mut o, comptime![cfg.rows * cfg.cols()]);
+    let mut s = Array::<f32>::new(comptime![cfg.rows * 4]);
+    for kb in 0..max_vis.div_ceil(KEY_BLOCK) {
         let j0 = kb * KEY_BLOCK;
         let bend = min(j0 + KEY_BLOCK, max_vis);
-        let ksrc = RowSrc {
-            base: kbase,
-            first: j0,
-            limit: bend,
-            inner: bend,
-            s_outer: 0usize,
-            s_inner: p.k.s as usize,
-            s_d: p.k.d as usize,
-        };
-        dot_tile::<F>(
-            q, &qsrc, k, &ksrc, p.scale, &mut stage, &mut s, ra, 4usize, SCALE_A, d, emulate,
+        let ksrc = key_rows(kbase, j0, bend, &p.k);
+        block_scores::<F>(
+            q, &qsrc, k, &ksrc, p.scale, &mut stage, &mut s, &mut ss, cfg,
         );
-        #[unroll]
-        for i in 0..ra {
-            #[unroll]
-            for c in 0..4usize {
-                ss[(ty + i * UNITS) * S_PAD + tx + c * UNITS] = s[i * 4 + c];
-            }
-        }
-        sync_cube();
-        // Row owners: the block's max over the row's visible keys, and α.
-        if tid < br {
-            let vis = vis_s[tid] as usize;
-            let mut cnt = 0usize;
-            if vis > j0 {
-                cnt = min(KEY_BLOCK, vis - j0);
-            }
-            let mut mn = m;
-            for j in 0..cnt {
-                let x = ss[tid * S_PAD + j];
-                mn = select(x > mn, x, mn);
-            }
-            mx_s[tid] = mn;
-            al_s[tid] = exp_p(m - mn, emulate);
-            cnt_s[tid] = cnt as u32;
-        }
-        sync_cube();
-        // p = exp_p(s − m') for the unit's own scores.
-        #[unroll]
-        for i in 0..ra {
-            let row = ty + i * UNITS;
-            #[unroll]
-            for c in 0..4usize {
-                let key = tx + c * UNITS;
-                if (key as u32) < cnt_s[row] {
-                    ss[row * S_PAD + key] = exp_p(s[i * 4 + c] - mx_s[row], emulate);
-                }
-            }
-        }
-        sync_cube();
-        // Row owners: l_b by ascending adds, l = fma(l, α, l_b), m = m'.
-        if tid < br {
-            let cnt = cnt_s[tid] as usize;
-            if cnt > 0 {
-                let mut lb = 0.0f32;
-                for j in 0..cnt {
-                    lb += ss[tid * S_PAD + j];
-                }
-                l = fma_f32(l, al_s[tid], lb, emulate);
-                m = mx_s[tid];
-            }
-        }
-        // o_b = fma-chain over the block's keys of p·v, then o = fma(o, α, o_b), chunk by chunk.
-        let vsrc = RowSrc {
-            base: vbase,
-            first: j0,
-            limit: bend,
-            inner: bend,
-            s_outer: 0usize,
-            s_inner: p.v.s as usize,
-            s_d: p.v.d as usize,
-        };
-        let nk = bend - j0;
-        #[unroll(unroll)]
-        for ch in 0..nch {
-            load_chunk::<F>(
-                v,
-                &vsrc,
-                ch * DC,
-                p.scale,
-                &mut stage,
-                0usize,
-                KEY_BLOCK,
-                false,
-                d,
-            );
-            sync_cube();
-            let mut ob = Array::<f32>::new(ra * 2);
-            #[unroll]
-            for x in 0..ra * 2 {
-                ob[x] = 0.0f32;
-            }
-            for j in 0..nk {
-                let v0 = stage[j * DC + tx];
-                let v1 = stage[j * DC + tx + UNITS];
-                #[unroll]
-                for i in 0..ra {
-                    let row = ty + i * UNITS;
-                    if (j as u32) < cnt_s[row] {
-                        let pj = ss[row * S_PAD + j];
-                        ob[i * 2] = fma_f32(pj, v0, ob[i * 2], emulate);
-                        ob[i * 2 + 1] = fma_f32(pj, v1, ob[i * 2 + 1], emulate);
-                    }
-                }
-            }
-            #[unroll]
-            for i in 0..ra {
-                let row = ty + i * UNITS;
-                if cnt_s[row] > 0u32 {
-                    #[unroll]
-                    for c in 0..2usize {
-                        let x = i * ncol + ch * 2 + c;
-                        o[x] = fma_f32(o[x], al_s[row], ob[i * 2 + c], emulate);
-                    }
-                }
-            }
-            sync_cube();
-        }
+        block_max(tid, &ss, j0, m, &mut rows, cfg);
+        probabilities(&s, &rows, &mut ss, cfg);
+        update_sum(tid, &ss, &rows, &mut m, &mut l, cfg);
+        let vsrc = key_rows(vbase, j0, bend, &p.v);
+        accumulate_pv::<F>(
+            v,
+            &vsrc,
+            p.scale,
+            bend - j0,
+            &ss,
+            &rows,
+            &mut stage,
+            &mut o,
+            cfg,
+        );
         // The next block rewrites the scores (needed where no chunk loop ran: D = 0).
         sync_cube();
     }
+    write_lse(lse, tid, &tile, m, l, &mut rows, &p, cfg);
+    sync_cube();
+    write_out::<F>(out, &o, &tile, &rows, &p, cfg);
+}
 
-    if tid < br {
-        l_s[tid] = l;
-        let r = r0 + tid;
-        if r < gq {
-            let h = kh * group + r / q_len;
+/// `n` zeros into `a`.
+#[cube]
+pub(crate) fn zero(a: &mut Array<f32>, #[comptime] n: usize) {
+    #[unroll]
+    for x in 0..n {
+        a[x] = 0.0f32;
+    }
+}
+
+/// Row owners (unit `tid < 16·rows`): the row's visible keys into `vis_s` (0 past the group).
+#[cube]
+fn row_visibility(
+    tid: usize,
+    tile: &Tile,
+    len: i32,
+    p: &AttnParams,
+    vis_s: &mut SharedMemory<u32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    if tid < comptime![UNITS * cfg.rows] {
+        let r = tile.first + tid;
+        let mut vis = 0u32;
+        if r < tile.gq {
+            vis = visible(len, p.q_len, r % p.q_len as usize, comptime![cfg.causal]);
+        }
+        vis_s[tid] = vis;
+    }
+}
+
+/// The unit's scores of one key block (`s = q'·k`, one fma chain over d each), also into `ss`
+/// for the row owners.
+#[cube]
+fn block_scores<F: Float>(
+    q: &Tensor<F>,
+    qsrc: &RowSrc,
+    k: &Tensor<F>,
+    ksrc: &RowSrc,
+    scale: f32,
+    stage: &mut SharedMemory<f32>,
+    s: &mut Array<f32>,
+    ss: &mut SharedMemory<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let ra = comptime![cfg.rows];
+    dot_tile::<F>(
+        q,
+        qsrc,
+        k,
+        ksrc,
+        scale,
+        stage,
+        s,
+        ra,
+        4usize,
+        SCALE_A,
+        comptime![cfg.d],
+        comptime![cfg.emulate],
+    );
+    #[unroll]
+    for i in 0..ra {
+        #[unroll]
+        for c in 0..4usize {
+            ss[(ty + i * UNITS) * S_PAD + tx + c * UNITS] = s[i * 4 + c];
+        }
+    }
+    sync_cube();
+}
+
+/// Row owners: the block's max `m'` over the row's visible keys (from `m`), `α = exp_p(m − m')`
+/// and the row's visible keys in the block.
+#[cube]
+fn block_max(
+    tid: usize,
+    ss: &SharedMemory<f32>,
+    j0: usize,
+    m: f32,
+    rows: &mut RowShared,
+    #[comptime] cfg: AttnCfg,
+) {
+    if tid < comptime![UNITS * cfg.rows] {
+        let vis = rows.vis[tid] as usize;
+        let mut cnt = 0usize;
+        if vis > j0 {
+            cnt = min(KEY_BLOCK, vis - j0);
+        }
+        let mut mn = m;
+        for j in 0..cnt {
+            let x = ss[tid * S_PAD + j];
+            mn = select(x > mn, x, mn);
+        }
+        rows.mx[tid] = mn;
+        rows.al[tid] = exp_p(m - mn, comptime![cfg.emulate]);
+        rows.cnt[tid] = cnt as u32;
+    }
+    sync_cube();
+}
+
+/// `p = exp_p(s − m')` over the unit's own scores of visible keys, in `ss`.
+#[cube]
+fn probabilities(
+    s: &Array<f32>,
+    rows: &RowShared,
+    ss: &mut SharedMemory<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    #[unroll]
+    for i in 0..comptime![cfg.rows] {
+        let row = ty + i * UNITS;
+        #[unroll]
+        for c in 0..4usize {
+            let key = tx + c * UNITS;
+            if (key as u32) < rows.cnt[row] {
+                ss[row * S_PAD + key] = exp_p(s[i * 4 + c] - rows.mx[row], comptime![cfg.emulate]);
+            }
+        }
+    }
+    sync_cube();
+}
+
+/// Row owners: `l_b` by ascending adds, `l = fma(l, α, l_b)`, `m = m'`.
+#[cube]
+fn update_sum(
+    tid: usize,
+    ss: &SharedMemory<f32>,
+    rows: &RowShared,
+    m: &mut f32,
+    l: &mut f32,
+    #[comptime] cfg: AttnCfg,
+) {
+    if tid < comptime![UNITS * cfg.rows] {
+        let cnt = rows.cnt[tid] as usize;
+        if cnt > 0 {
+            let mut lb = 0.0f32;
+            for j in 0..cnt {
+                lb += ss[tid * S_PAD + j];
+            }
+            *l = fma_f32(*l, rows.al[tid], lb, comptime![cfg.emulate]);
+            *m = rows.mx[tid];
+        }
+    }
+}
+
+/// `o_b` = fma chain over the block's `nk` keys of `p·v`, then `o = fma(o, α, o_b)`, chunk by
+/// chunk of `DC` columns.
+#[cube]
+fn accumulate_pv<F: Float>(
+    v: &Tensor<F>,
+    vsrc: &RowSrc,
+    scale: f32,
+    nk: usize,
+    ss: &SharedMemory<f32>,
+    rows: &RowShared,
+    stage: &mut SharedMemory<f32>,
+    o: &mut Array<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let ty = UNIT_POS_Y as usize;
+    let ra = comptime![cfg.rows];
+    let ncol = comptime![cfg.cols()];
+    let emulate = comptime![cfg.emulate];
+    let unroll = comptime![!cfg.emulate];
+    #[unroll(unroll)]
+    for ch in 0..comptime![cfg.chunks()] {
+        load_chunk::<F>(
+            v,
+            vsrc,
+            ch * DC,
+            scale,
+            stage,
+            0usize,
+            KEY_BLOCK,
+            false,
+            comptime![cfg.d],
+        );
+        sync_cube();
+        let mut ob = Array::<f32>::new(comptime![cfg.rows * 2]);
+        zero(&mut ob, comptime![cfg.rows * 2]);
+        chunk_pv(stage, ss, rows, nk, &mut ob, cfg);
+        #[unroll]
+        for i in 0..ra {
+            let row = ty + i * UNITS;
+            if rows.cnt[row] > 0u32 {
+                #[unroll]
+                for c in 0..2usize {
+                    let x = i * ncol + ch * 2 + c;
+                    o[x] = fma_f32(o[x], rows.al[row], ob[i * 2 + c], emulate);
+                }
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// One chunk's `o_b`: fma chain over the block's keys ascending of `p·v` (staged values).
+#[cube]
+fn chunk_pv(
+    stage: &SharedMemory<f32>,
+    ss: &SharedMemory<f32>,
+    rows: &RowShared,
+    nk: usize,
+    ob: &mut Array<f32>,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    for j in 0..nk {
+        let v0 = stage[j * DC + tx];
+        let v1 = stage[j * DC + tx + UNITS];
+        #[unroll]
+        for i in 0..comptime![cfg.rows] {
+            let row = ty + i * UNITS;
+            if (j as u32) < rows.cnt[row] {
+                let pj = ss[row * S_PAD + j];
+                ob[i * 2] = fma_f32(pj, v0, ob[i * 2], comptime![cfg.emulate]);
+                ob[i * 2 + 1] = fma_f32(pj, v1, ob[i * 2 + 1], comptime![cfg.emulate]);
+            }
+        }
+    }
+}
+
+/// Row owners: `lse = m + ln_p(l)` (−∞ without a visible key), and `l` into shared memory for
+/// the output.
+#[cube]
+fn write_lse(
+    lse: &mut Tensor<f32>,
+    tid: usize,
+    tile: &Tile,
+    m: f32,
+    l: f32,
+    rows: &mut RowShared,
+    p: &AttnParams,
+    #[comptime] cfg: AttnCfg,
+) {
+    if tid < comptime![UNITS * cfg.rows] {
+        rows.l[tid] = l;
+        let r = tile.first + tid;
+        if r < tile.gq {
+            let q_len = p.q_len as usize;
+            let h = tile.kh * p.group as usize + r / q_len;
             let i = r % q_len;
-            let at = b * p.lse.b as usize + h * p.lse.h as usize + i * p.lse.s as usize;
+            let at = tile.b * p.lse.b as usize + h * p.lse.h as usize + i * p.lse.s as usize;
             let mut val = neg_inf();
-            if vis_s[tid] > 0u32 {
-                val = m + ln_p(l, emulate);
+            if rows.vis[tid] > 0u32 {
+                val = m + ln_p(l, comptime![cfg.emulate]);
             }
             lse[at] = val;
         }
     }
-    sync_cube();
+}
+
+/// `out = o / l` rounded once, zeros for rows without a visible key.
+#[cube]
+fn write_out<F: Float>(
+    out: &mut Tensor<F>,
+    o: &Array<f32>,
+    tile: &Tile,
+    rows: &RowShared,
+    p: &AttnParams,
+    #[comptime] cfg: AttnCfg,
+) {
+    let (tx, ty) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let d = comptime![cfg.d];
+    let ncol = comptime![cfg.cols()];
+    let emulate = comptime![cfg.emulate];
+    let unroll = comptime![!cfg.emulate];
+    let q_len = p.q_len as usize;
     #[unroll]
-    for i in 0..ra {
+    for i in 0..comptime![cfg.rows] {
         let row = ty + i * UNITS;
-        let r = r0 + row;
-        if r < gq {
-            let h = kh * group + r / q_len;
+        let r = tile.first + row;
+        if r < tile.gq {
+            let h = tile.kh * p.group as usize + r / q_len;
             let qi = r % q_len;
-            let base = b * p.o.b as usize + h * p.o.h as usize + qi * p.o.s as usize;
-            let active = vis_s[row] > 0u32;
-            let lv = l_s[row];
+            let base = tile.b * p.o.b as usize + h * p.o.h as usize + qi * p.o.s as usize;
+            let active = rows.vis[row] > 0u32;
+            let lv = rows.l[row];
             #[unroll(unroll)]
-            for ch in 0..nch {
+            for ch in 0..comptime![cfg.chunks()] {
                 #[unroll]
                 for c in 0..2usize {
                     let col = ch * DC + tx + c * UNITS;

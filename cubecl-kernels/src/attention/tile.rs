@@ -116,6 +116,88 @@ pub(crate) fn row_offset(src: &RowSrc, r: usize) -> usize {
     src.base + (r / src.inner) * src.s_outer + (r % src.inner) * src.s_inner
 }
 
+/// Where an FMA cube works: batch row `b`, KV head `kh`, the first row of its tile (`first`: a
+/// query row `local_head·Q + i` of the KV group, or a key for dK/dV), the group's rows `gq`.
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct Tile {
+    pub b: usize,
+    pub kh: usize,
+    pub first: usize,
+    pub gq: usize,
+}
+
+/// The cube's tile of `size` rows out of `extent` (the group's `gq` query rows, or the keys).
+#[cube]
+pub(crate) fn cube_tile(p: &AttnParams, gq: usize, extent: usize, #[comptime] size: usize) -> Tile {
+    let tiles = extent.div_ceil(size);
+    let cube = p.offset as usize + CUBE_POS_X as usize;
+    let tile = cube % tiles;
+    let bkh = cube / tiles;
+    let kvh = p.kv_heads as usize;
+    Tile {
+        b: bkh / kvh,
+        kh: bkh % kvh,
+        first: tile * size,
+        gq,
+    }
+}
+
+/// Offset of the KV group's first query head in a `[B, H, Q, D]` tensor with strides `st`.
+#[cube]
+pub(crate) fn group_base(st: &Strides4, tile: &Tile, p: &AttnParams) -> usize {
+    tile.b * st.b as usize + tile.kh * p.group as usize * st.h as usize
+}
+
+/// Offset of the cube's KV head in a `[B, KH, KV, D]` tensor with strides `st`.
+#[cube]
+pub(crate) fn kv_base(st: &Strides4, tile: &Tile) -> usize {
+    tile.b * st.b as usize + tile.kh * st.h as usize
+}
+
+/// The KV group's query rows `first ..` (of `gq`) from `base`, a tensor with strides `st`.
+#[cube]
+pub(crate) fn group_rows(
+    base: usize,
+    first: usize,
+    gq: usize,
+    st: &Strides4,
+    p: &AttnParams,
+) -> RowSrc {
+    RowSrc {
+        base,
+        first,
+        limit: gq,
+        inner: p.q_len as usize,
+        s_outer: st.h as usize,
+        s_inner: st.s as usize,
+        s_d: st.d as usize,
+    }
+}
+
+/// Key (or value) rows `first .. limit` of one KV head at `base`, a tensor with strides `st`.
+#[cube]
+pub(crate) fn key_rows(base: usize, first: usize, limit: usize, st: &Strides4) -> RowSrc {
+    RowSrc {
+        base,
+        first,
+        limit,
+        inner: limit,
+        s_outer: 0usize,
+        s_inner: st.s as usize,
+        s_d: st.d as usize,
+    }
+}
+
+/// The largest of the `n` rows' visible keys (after a `sync_cube` that published them).
+#[cube]
+pub(crate) fn max_visible(vis_s: &SharedMemory<u32>, #[comptime] n: usize) -> usize {
+    let mut max_vis = 0u32;
+    for rr in 0..n {
+        max_vis = max(max_vis, vis_s[rr]);
+    }
+    max_vis as usize
+}
+
 /// Row `b`'s valid keys, `kv_lens[b]` clamped to `[0, kv_len]`.
 #[cube]
 pub(crate) fn kv_len_of(kv_lens: &Tensor<i32>, at: usize, kv_len: u32) -> i32 {
