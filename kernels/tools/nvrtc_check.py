@@ -3,11 +3,13 @@
 
 Same options the Rust side (cubecl-cuda) uses: --gpu-architecture=sm_90a -lineinfo --include-path=<CUDA include>.
 Works without a GPU: `pip install "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-crt==13.0.*"`.
+Entry points: every `entry` line of kernels/entries.txt (read_table() below; the harness uses it too).
 Default: each entry point compiled alone, as the Rust side does ("#define IB_SELECT" + "#define IB_ENTRY_<name>"
 prepended), and checked to be exported. --full: each whole file instead (all entry points in one cubin; --out DIR
 writes those cubins for sm90_harness.py --cubin-dir). Exit status 0 only if everything compiles and exports.
 Usage: nvrtc_check.py [--full] [--out DIR] [--ptxas-v] [--verbose]
 """
+import collections
 import ctypes
 import glob
 import os
@@ -17,13 +19,34 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 KDIR = os.path.dirname(HERE)
 
-SOURCES = {
-    "gemm_sm90.cu": [f"ib_gemm_{l}{s}_{t}" for t in ("bf16", "f16") for l, s in
-                     (("nn", ""), ("nt", ""), ("tn", ""), ("nn", "_small"), ("nt", "_small"))],
-    "linear_logp_sm90.cu": [f"ib_logp_{k}_{t}" for t in ("bf16", "f16") for k in ("fwd", "fwd_ent", "bwd_dz", "bwd_dz_ent", "bwd_dbias")]
-    + ["ib_logp_merge"],
-    "stream_sync.cu": ["ib_signal", "ib_wait", "ib_copy"],
-}
+
+def read_table(path=os.path.join(KDIR, "entries.txt")):
+    """kernels/entries.txt (the one table the Rust side reads too): ({name: Entry} in table order,
+    {NAME: value} of its define and host lines)."""
+    entries, constants = {}, {}
+    with open(path) as f:
+        for line in f:
+            fields = line.split("#")[0].split()
+            if not fields:
+                continue
+            if fields[0] == "entry" and len(fields) == 8:
+                name, file, threads, smem, cluster, tile, stages = fields[1:]
+                rows, cols = (int(x) for x in tile.split("x")) if tile != "-" else (0, 0)
+                entries[name] = Entry(name, file, int(threads), int(smem), int(cluster), rows, cols,
+                                      0 if stages == "-" else int(stages))
+            elif fields[0] in ("define", "host") and len(fields) in (3, 4):
+                constants[fields[1]] = int(fields[2])
+            else:
+                raise ValueError(f"{path}: cannot read line {line!r}")
+    return entries, constants
+
+
+Entry = collections.namedtuple("Entry", "name file threads smem cluster rows cols stages")
+ENTRIES, CONSTANTS = read_table()
+SOURCES = {}  # file -> its entry points, in table order
+for _e in ENTRIES.values():
+    SOURCES.setdefault(_e.file, []).append(_e.name)
+
 # Compiled alone (no common.cuh, no entry selection), every entry at once, as the Rust side does.
 STANDALONE = {"stream_sync.cu"}
 

@@ -107,10 +107,15 @@ class Launch:
 RECORD = None  # when a list, launch() records prepared launches instead of running them
 
 
-def launch(cu, name, grid, block, smem, maps, buffers, params):
-    """maps: encoded tensor maps (128 bytes each); buffers: list of torch tensors (None -> a dummy buffer the
+ENTRIES, CONSTANTS = nvrtc_check.ENTRIES, nvrtc_check.CONSTANTS  # kernels/entries.txt
+
+
+def launch(name, grid, maps, buffers, params):
+    """Entry point `name` of kernels/entries.txt (its file, threads and dynamic smem from there) on `grid` blocks.
+    maps: encoded tensor maps (128 bytes each); buffers: list of torch tensors (None -> a dummy buffer the
     kernel never touches); params: Params bytes."""
-    l = Launch(cu, name, grid, block, smem, maps, buffers, params)
+    e = ENTRIES[name]
+    l = Launch(e.file, name, grid, e.threads, e.smem, maps, buffers, params)
     if RECORD is not None:
         RECORD.append(l)
     else:
@@ -149,14 +154,15 @@ def sfx(dt):
 
 
 # ------------------------------------------------------------------------------------------------ GEMM
-GEMM_BIAS, GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C = 1, 2, 4, 8
-# variant -> (BM, BN, threads, dynamic smem bytes, cluster size, entry suffix)
-VARIANT = {"big": (128, 256, 384, 1024 + 4 * 49152 + 64, 2, ""),
-           "small": (64, 64, 256, 1024 + 8 * 16384 + 128, 1, "_small")}
+GEMM_BIAS, GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C = (CONSTANTS[k] for k in (
+    "GEMM_BIAS", "GEMM_ACC_LOAD", "GEMM_ACC_STORE", "GEMM_STORE_C"))
+# variant -> entry suffix (tile, threads, smem, cluster: kernels/entries.txt, the same for every layout and dtype)
+VARIANT = {"big": "", "small": "_small"}
 
 
 def gemm_grid(variant, M, N):
-    BM, BN, _, _, CL, _ = VARIANT[variant]
+    e = ENTRIES[f"ib_gemm_nn{VARIANT[variant]}_bf16"]
+    BM, BN, CL = e.rows, e.cols, e.cluster
     groups = -(-(-(-M // BM)) // CL) * -(-N // BN)
     return CL * min(groups, NUM_SMS // CL)
 
@@ -185,9 +191,8 @@ def gemm(layout, a, b, bias=None, out=None, variant="big", flags=None, cacc=None
     if flags is None:
         flags = GEMM_STORE_C | (GEMM_BIAS if bias is not None else 0)
     params = struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
-    _, _, thr, smem, _, suf = VARIANT[variant]
-    name = f"ib_gemm_{layout}{suf}_{sfx(a.dtype)}"
-    launch("gemm_sm90.cu", name, gemm_grid(variant, M, N), thr, smem, [ta, tb], [a, b, a, b, bias, out, cacc], params)
+    name = f"ib_gemm_{layout}{VARIANT[variant]}_{sfx(a.dtype)}"
+    launch(name, gemm_grid(variant, M, N), [ta, tb], [a, b, a, b, bias, out, cacc], params)
     return out
 
 
@@ -299,12 +304,13 @@ def test_gemm():
 
 
 # --------------------------------------------------------------------------------------------- logp
-SEG = 1024
-LOGP_SMEM = 1024 + 4 * 49152 + 64
-LOGP_BWD_SMEM = 1024 + 4 * 49152 + 8192 + 64
-TOKEN_CHUNK, VOCAB_CHUNK = 4096, 8192
-LOGP_HAS_BIAS, LOGP_HAS_IGNORE = 1, 2
-DB_LOAD, DB_STORE_ACC, DB_STORE = 4, 8, 16
+SEG = CONSTANTS["LOGP_SEG"]
+TOKEN_CHUNK, VOCAB_CHUNK = CONSTANTS["TOKEN_CHUNK"], CONSTANTS["VOCAB_CHUNK"]
+LOGP_HAS_BIAS, LOGP_HAS_IGNORE = CONSTANTS["LOGP_HAS_BIAS"], CONSTANTS["LOGP_HAS_IGNORE"]
+DB_LOAD, DB_STORE_ACC, DB_STORE = (CONSTANTS[k] for k in (
+    "LOGP_DBIAS_ACC_LOAD", "LOGP_DBIAS_ACC_STORE", "LOGP_DBIAS_STORE"))
+FWD, MERGE, DZ, DBIAS = (ENTRIES[k] for k in ("ib_logp_fwd_bf16", "ib_logp_merge", "ib_logp_bwd_dz_bf16",
+                                              "ib_logp_bwd_dbias_bf16"))
 
 
 def logp_fwd(H, W, targets, bias=None, ignore_index=None):
@@ -315,12 +321,11 @@ def logp_fwd(H, W, targets, bias=None, ignore_index=None):
     flags = (LOGP_HAS_BIAS if bias is not None else 0) | (LOGP_HAS_IGNORE if ignore_index is not None else 0)
     maps = [tmap(H, N, D, D), tmap(W, V, D, D)]
     p = struct.pack("<IIIIqfI", N, V, D, flags, ignore_index or 0, 1.0, 0)  # temperature 1
-    items = -(-(-(-N // 128)) // 2) * nseg  # (row-block pair, segment) items, one per 2-CTA cluster
+    items = -(-(-(-N // FWD.rows)) // FWD.cluster) * nseg  # (row-block pair, segment) items, one per 2-CTA cluster
     # wu and ent (the entropy entries' buffers) are not read without LOGP_ENTROPY: any buffer
     bufs = [H, W, H, W, bias, targets, logp, lse, ws, ws, ws]
-    launch("linear_logp_sm90.cu", f"ib_logp_fwd_{sfx(H.dtype)}", 2 * min(items, NUM_SMS // 2), 384, LOGP_SMEM, maps,
-           bufs, p)
-    launch("linear_logp_sm90.cu", "ib_logp_merge", -(-N // 8), 256, 0, [], [targets, logp, lse, ws, ws, ws], p)
+    launch(f"ib_logp_fwd_{sfx(H.dtype)}", FWD.cluster * min(items, NUM_SMS // FWD.cluster), maps, bufs, p)
+    launch("ib_logp_merge", -(-N // MERGE.rows), [], [targets, logp, lse, ws, ws, ws], p)
     return logp, lse
 
 
@@ -332,7 +337,7 @@ def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tc
     db = torch.empty((V,), dtype=dt, device="cuda") if bias is not None else None
     ntc = -(-N // tchunk); nvc = -(-V // vchunk)
     dz = torch.empty((min(tchunk, N), vchunk), dtype=dt, device="cuda") if ws is None else ws[0]
-    part = torch.empty((-(-min(tchunk, N) // 128), vchunk), device="cuda") if ws is None else ws[1]
+    part = torch.empty((-(-min(tchunk, N) // DZ.rows), vchunk), device="cuda") if ws is None else ws[1]
     dH_acc = torch.empty((N, D), device="cuda") if nvc > 1 else None
     dW_acc = torch.empty((V, D), device="cuda") if ntc > 1 else None
     db_acc = torch.empty((V,), device="cuda") if (bias is not None and ntc > 1) else None
@@ -348,12 +353,10 @@ def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tc
             p = struct.pack("<IIIIqIIIf", tw, vw, D, fl, ignore_index or 0, t0, v0, vchunk, 1.0)  # temperature 1
             # ent and g_ent are read only by the entropy entries: any buffer
             bufs = [H, W, H, W, bias, targets, lse, g_logp, g_lse, lse, lse, dz, part]
-            tiles = -(-(-(-tw // 128)) // 2) * -(-vw // 256)  # (row-block pair, vocab tile), one per cluster
-            launch("linear_logp_sm90.cu", f"ib_logp_bwd_dz_{sfx(dt)}", 2 * min(tiles, NUM_SMS // 2), 384, LOGP_BWD_SMEM, maps,
-                   bufs, p)
+            tiles = -(-(-(-tw // DZ.rows)) // DZ.cluster) * -(-vw // DZ.cols)  # (row-block pair, vocab tile) per cluster
+            launch(f"ib_logp_bwd_dz_{sfx(dt)}", DZ.cluster * min(tiles, NUM_SMS // DZ.cluster), maps, bufs, p)
             if bias is not None:
-                launch("linear_logp_sm90.cu", f"ib_logp_bwd_dbias_{sfx(dt)}", -(-vw // 256), 256, 0, [],
-                       [part, db_acc, db], p)
+                launch(f"ib_logp_bwd_dbias_{sfx(dt)}", -(-vw // DBIAS.cols), [], [part, db_acc, db], p)
             # dH[t0:t0+tw] (+)= dz . W[v0:v0+vw]       (NN, reduction over this vocab chunk)
             fh = (GEMM_ACC_LOAD if vi > 0 else 0) | (GEMM_ACC_STORE if vi < nvc - 1 else 0) | (GEMM_STORE_C if vi == nvc - 1 else 0)
             gemm_raw("nn", dz, tmap(dz, tw, vw, vchunk), tmap(W, vw, D, D, v0 * D), tw, D, vw, fh, dH, dH_acc, t0 * D, D)
@@ -365,8 +368,8 @@ def logp_bwd(H, W, targets, lse, g_logp, g_lse, bias=None, ignore_index=None, tc
 
 def gemm_raw(layout, like, ta, tb, M, N, K, flags, out, cacc, c_offset, ldc):
     params = struct.pack("<IIIIQQ", M, N, K, flags, ldc, c_offset)
-    launch("gemm_sm90.cu", f"ib_gemm_{layout}_{sfx(like.dtype)}", gemm_grid("big", M, N), 384, VARIANT["big"][3],
-           [ta, tb], [like, like, like, like, None, out, cacc], params)
+    launch(f"ib_gemm_{layout}_{sfx(like.dtype)}", gemm_grid("big", M, N), [ta, tb],
+           [like, like, like, like, None, out, cacc], params)
 
 
 def ref_logp(H, W, targets, bias=None, ignore_index=None):
@@ -520,7 +523,7 @@ def perf():
     print("== linear_logp N=4096 D=2048 ==", flush=True)
     N, D = 4096, 2048
     dz = torch.empty((TOKEN_CHUNK, VOCAB_CHUNK), dtype=dt, device="cuda")
-    part = torch.empty((TOKEN_CHUNK // 128, VOCAB_CHUNK), device="cuda")
+    part = torch.empty((TOKEN_CHUNK // DZ.rows, VOCAB_CHUNK), device="cuda")
     for V in (32768, 50257, 131072):
         H = rnd(N, D); W = rnd(V, D, scale=0.05); tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
         Vr = -(-V // 128) * 128

@@ -4,21 +4,25 @@ use burn::tensor::DType;
 use burn_cubecl::kernel::into_contiguous;
 use cubecl::server::TensorMapBinding;
 
-use super::nvrtc::{RawKernel, Unit, launch};
+use super::nvrtc::launch;
 use super::operand::TmaOperand;
 use super::params::GemmParams;
-use super::{BIG_SMEM, SMALL_SMEM, sm_count};
+use super::sm_count;
+use super::table::{Entry, constant, entry, lookup};
 use crate::backends::alloc::{empty, zeros};
 use crate::backends::cuda::CudaTensor;
 
 /// `C = round(v + bias[n])`.
-pub(crate) const GEMM_BIAS: u32 = 1;
+pub(crate) const GEMM_BIAS: u32 = constant("GEMM_BIAS") as u32;
 /// `v = Cacc[m, n] + acc` (else `v = acc`).
-pub(crate) const GEMM_ACC_LOAD: u32 = 2;
+pub(crate) const GEMM_ACC_LOAD: u32 = constant("GEMM_ACC_LOAD") as u32;
 /// `Cacc[m, n] = v` (f32).
-pub(crate) const GEMM_ACC_STORE: u32 = 4;
+pub(crate) const GEMM_ACC_STORE: u32 = constant("GEMM_ACC_STORE") as u32;
 /// `C[m, n] = round(v (+ bias))`.
-pub(crate) const GEMM_STORE_C: u32 = 8;
+pub(crate) const GEMM_STORE_C: u32 = constant("GEMM_STORE_C") as u32;
+
+/// Rows of the small tile: products with at most this many rows take it.
+const SMALL_ROWS: usize = lookup("ib_gemm_nn_small_bf16").tile[0];
 
 /// Storage orders of the two operands (kernels/README.md, "Layouts and maps").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,23 +37,23 @@ pub(crate) enum Layout {
 
 /// The entry point: big tile 128×256×64 with 2-CTA clusters; small tile 64×64×64 for M ≤ 64
 /// (the same per-element arithmetic, so the choice by M keeps row invariance).
-fn entry(layout: Layout, small: bool, dtype: DType) -> &'static str {
+fn kernel(layout: Layout, small: bool, dtype: DType) -> Entry {
     let bf16 = match dtype {
         DType::BF16 => true,
         DType::F16 => false,
         other => unreachable!("the registry admits only bf16/f16 for Sm90, got {other:?}"),
     };
     match (layout, small, bf16) {
-        (Layout::Nn, false, true) => "ib_gemm_nn_bf16",
-        (Layout::Nt, false, true) => "ib_gemm_nt_bf16",
-        (Layout::Tn, _, true) => "ib_gemm_tn_bf16",
-        (Layout::Nn, true, true) => "ib_gemm_nn_small_bf16",
-        (Layout::Nt, true, true) => "ib_gemm_nt_small_bf16",
-        (Layout::Nn, false, false) => "ib_gemm_nn_f16",
-        (Layout::Nt, false, false) => "ib_gemm_nt_f16",
-        (Layout::Tn, _, false) => "ib_gemm_tn_f16",
-        (Layout::Nn, true, false) => "ib_gemm_nn_small_f16",
-        (Layout::Nt, true, false) => "ib_gemm_nt_small_f16",
+        (Layout::Nn, false, true) => entry!("ib_gemm_nn_bf16"),
+        (Layout::Nt, false, true) => entry!("ib_gemm_nt_bf16"),
+        (Layout::Tn, _, true) => entry!("ib_gemm_tn_bf16"),
+        (Layout::Nn, true, true) => entry!("ib_gemm_nn_small_bf16"),
+        (Layout::Nt, true, true) => entry!("ib_gemm_nt_small_bf16"),
+        (Layout::Nn, false, false) => entry!("ib_gemm_nn_f16"),
+        (Layout::Nt, false, false) => entry!("ib_gemm_nt_f16"),
+        (Layout::Tn, _, false) => entry!("ib_gemm_tn_f16"),
+        (Layout::Nn, true, false) => entry!("ib_gemm_nn_small_f16"),
+        (Layout::Nt, true, false) => entry!("ib_gemm_nt_small_f16"),
     }
 }
 
@@ -78,12 +82,9 @@ pub(crate) fn gemm_launch(
     out: GemmOut<'_>,
 ) {
     let client = &out.c.client;
-    let small = m <= 64 && layout != Layout::Tn;
-    let (bm, bn, block, smem, cluster) = if small {
-        (64, 64, 256, SMALL_SMEM, 1)
-    } else {
-        (128, 256, 384, BIG_SMEM, 2)
-    };
+    let small = m <= SMALL_ROWS && layout != Layout::Tn;
+    let kernel = kernel(layout, small, dtype);
+    let ([bm, bn], cluster) = (kernel.tile, kernel.cluster);
     let groups = m.div_ceil(bm).div_ceil(cluster) * n.div_ceil(bn);
     let grid = cluster * groups.min(sm_count(client) / cluster).max(1);
     let params = GemmParams {
@@ -104,12 +105,6 @@ pub(crate) fn gemm_launch(
         c.clone(),
         out.acc.map_or(c, |t| t.handle.clone().binding()),
     ];
-    let kernel = RawKernel {
-        entry: entry(layout, small, dtype),
-        unit: Unit::Gemm,
-        block,
-        smem,
-    };
     launch(client, kernel, grid, vec![a.1, b.1], buffers, &params);
 }
 

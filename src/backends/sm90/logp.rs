@@ -7,28 +7,34 @@ use burn_cubecl::kernel::into_contiguous;
 use cubecl::server::Binding;
 
 use super::gemm::{GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C, GemmOut, Layout, gemm_launch};
-use super::nvrtc::{RawKernel, Unit, launch};
+use super::nvrtc::launch;
 use super::operand::TmaOperand;
 use super::params::{LogpBwdParams, LogpFwdParams};
-use super::{LOGP_BWD_SMEM, LOGP_SMEM, sm_count};
+use super::sm_count;
+use super::table::{Entry, constant, entry, lookup};
 use crate::backend::LogpHead;
 use crate::backends::alloc::{empty, zeros};
 use crate::backends::cuda::{CudaOps, CudaTensor};
 
 /// Token rows of one backward chunk (part of the numerics: `dWeight` sums chunks in order).
-const TOKEN_CHUNK: usize = 4096;
+const TOKEN_CHUNK: usize = constant("TOKEN_CHUNK");
 /// Vocabulary columns of one backward chunk (part of the numerics: `dHidden` sums chunks in
 /// order); also the row stride of the `dz` scratch.
-const VOCAB_CHUNK: usize = 8192;
+const VOCAB_CHUNK: usize = constant("VOCAB_CHUNK");
 /// Vocabulary columns of one forward segment of `ib_logp_fwd` (`LOGP_SEG` in the source).
-const FWD_SEGMENT_COLS: usize = 1024;
+const FWD_SEGMENT_COLS: usize = constant("LOGP_SEG");
 
-const LOGP_HAS_BIAS: u32 = 1;
-const LOGP_HAS_IGNORE: u32 = 2;
-const DBIAS_ACC_LOAD: u32 = 4;
-const DBIAS_ACC_STORE: u32 = 8;
-const DBIAS_STORE: u32 = 16;
-const LOGP_ENTROPY: u32 = 32;
+const LOGP_HAS_BIAS: u32 = constant("LOGP_HAS_BIAS") as u32;
+const LOGP_HAS_IGNORE: u32 = constant("LOGP_HAS_IGNORE") as u32;
+const DBIAS_ACC_LOAD: u32 = constant("LOGP_DBIAS_ACC_LOAD") as u32;
+const DBIAS_ACC_STORE: u32 = constant("LOGP_DBIAS_ACC_STORE") as u32;
+const DBIAS_STORE: u32 = constant("LOGP_DBIAS_STORE") as u32;
+const LOGP_ENTROPY: u32 = constant("LOGP_ENTROPY") as u32;
+
+/// The forward's segment merge: one warp per row.
+const MERGE: Entry = lookup("ib_logp_merge");
+/// Token rows of one `dz` tile: `dbias_part` holds one row of column sums per such block.
+const DZ_ROW_BLOCK: usize = lookup("ib_logp_bwd_dz_bf16").tile[0];
 
 /// The kernels' dtype suffix.
 fn is_bf16(dtype: DType) -> bool {
@@ -84,16 +90,16 @@ fn logp_flags(bias: bool, ignore_index: Option<i64>, head: LogpHead) -> u32 {
 }
 
 /// The entry `<stem>[_ent]_<dtype>` of the `linear_logp` kernels.
-fn logp_entry(stem: &str, dtype: DType, head: LogpHead) -> &'static str {
+fn logp_entry(stem: &str, dtype: DType, head: LogpHead) -> Entry {
     match (stem, head.entropy, is_bf16(dtype)) {
-        ("fwd", false, true) => "ib_logp_fwd_bf16",
-        ("fwd", false, false) => "ib_logp_fwd_f16",
-        ("fwd", true, true) => "ib_logp_fwd_ent_bf16",
-        ("fwd", true, false) => "ib_logp_fwd_ent_f16",
-        ("bwd_dz", false, true) => "ib_logp_bwd_dz_bf16",
-        ("bwd_dz", false, false) => "ib_logp_bwd_dz_f16",
-        ("bwd_dz", true, true) => "ib_logp_bwd_dz_ent_bf16",
-        ("bwd_dz", true, false) => "ib_logp_bwd_dz_ent_f16",
+        ("fwd", false, true) => entry!("ib_logp_fwd_bf16"),
+        ("fwd", false, false) => entry!("ib_logp_fwd_f16"),
+        ("fwd", true, true) => entry!("ib_logp_fwd_ent_bf16"),
+        ("fwd", true, false) => entry!("ib_logp_fwd_ent_f16"),
+        ("bwd_dz", false, true) => entry!("ib_logp_bwd_dz_bf16"),
+        ("bwd_dz", false, false) => entry!("ib_logp_bwd_dz_f16"),
+        ("bwd_dz", true, true) => entry!("ib_logp_bwd_dz_ent_bf16"),
+        ("bwd_dz", true, false) => entry!("ib_logp_bwd_dz_ent_f16"),
         (other, ..) => unreachable!("no linear_logp entry `{other}`"),
     }
 }
@@ -168,14 +174,10 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         .map_or_else(|| h.binding(), |b| b.handle.clone().binding());
     let mut buffers = vec![h.binding(), w.binding(), bias_binding];
     buffers.extend(outputs());
-    let items = n.div_ceil(128).div_ceil(2) * segments;
-    let grid = 2 * items.min(sm_count(&client) / 2).max(1);
-    let forward = RawKernel {
-        entry: logp_entry("fwd", dtype, head),
-        unit: Unit::Logp,
-        block: 384,
-        smem: LOGP_SMEM,
-    };
+    let forward = logp_entry("fwd", dtype, head);
+    let cluster = forward.cluster;
+    let items = n.div_ceil(forward.tile[0]).div_ceil(cluster) * segments;
+    let grid = cluster * items.min(sm_count(&client) / cluster).max(1);
     launch(
         &client,
         forward,
@@ -184,16 +186,10 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         buffers,
         &params,
     );
-    let merge = RawKernel {
-        entry: "ib_logp_merge",
-        unit: Unit::Logp,
-        block: 256,
-        smem: 0,
-    };
     launch(
         &client,
-        merge,
-        n.div_ceil(8),
+        MERGE,
+        n.div_ceil(MERGE.tile[0]),
         vec![],
         outputs().to_vec(),
         &params,
@@ -316,7 +312,11 @@ impl Backward {
             d,
             chunks,
             dz: TmaOperand::new(empty(&hidden, vec![rows, VOCAB_CHUNK], dtype)),
-            dbias_part: empty(&hidden, vec![rows.div_ceil(128) * VOCAB_CHUNK], DType::F32),
+            dbias_part: empty(
+                &hidden,
+                vec![rows.div_ceil(DZ_ROW_BLOCK) * VOCAB_CHUNK],
+                DType::F32,
+            ),
             dh_acc: (chunks[0] > 1).then(|| empty(&hidden, vec![n, d], DType::F32)),
             dw_acc: (chunks[1] > 1).then(|| empty(&weight, vec![v, d], DType::F32)),
             db_acc: bias
@@ -371,14 +371,10 @@ impl Backward {
         ];
         buffers.extend(self.columns.iter().map(|c| self.or_any(c.as_ref())));
         buffers.extend([self.dz.binding(), self.dbias_part.handle.clone().binding()]);
-        let tiles = chunk.tw.div_ceil(128).div_ceil(2) * chunk.vw.div_ceil(256);
-        let grid = 2 * tiles.min(sm_count(client) / 2).max(1);
-        let kernel = RawKernel {
-            entry: logp_entry("bwd_dz", self.dtype, self.head),
-            unit: Unit::Logp,
-            block: 384,
-            smem: LOGP_BWD_SMEM,
-        };
+        let kernel = logp_entry("bwd_dz", self.dtype, self.head);
+        let ([rows, cols], cluster) = (kernel.tile, kernel.cluster);
+        let tiles = chunk.tw.div_ceil(rows).div_ceil(cluster) * chunk.vw.div_ceil(cols);
+        let grid = cluster * tiles.min(sm_count(client) / cluster).max(1);
         let maps = vec![
             self.h.map(chunk.t0, chunk.tw),
             self.w.map(chunk.v0, chunk.vw),
@@ -390,16 +386,10 @@ impl Backward {
     /// running sum of the earlier token chunks.
     fn reduce_dbias(&self, chunk: Chunk) {
         let client = &self.grads.0.client;
-        let entry = if is_bf16(self.dtype) {
-            "ib_logp_bwd_dbias_bf16"
+        let kernel = if is_bf16(self.dtype) {
+            entry!("ib_logp_bwd_dbias_bf16")
         } else {
-            "ib_logp_bwd_dbias_f16"
-        };
-        let kernel = RawKernel {
-            entry,
-            unit: Unit::Logp,
-            block: 256,
-            smem: 0,
+            entry!("ib_logp_bwd_dbias_f16")
         };
         let buffers = vec![
             self.dbias_part.handle.clone().binding(),
@@ -409,7 +399,7 @@ impl Backward {
         launch(
             client,
             kernel,
-            chunk.vw.div_ceil(256),
+            chunk.vw.div_ceil(kernel.tile[1]),
             vec![],
             buffers,
             &self.params(chunk),

@@ -11,6 +11,7 @@ mod nvrtc;
 mod operand;
 mod params;
 pub(crate) mod stream_sync;
+mod table;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -24,13 +25,6 @@ use crate::backend::{GradRequest, LinearLogpGrads, LinearLogpInputs, Problem};
 use crate::backends::cuda::{CudaTensor, as_cuda, from_cuda};
 use crate::registry::{Candidate, Implementation};
 use logp::LogpArgs;
-
-/// Dynamic shared memory of the big GEMM tile (128×256×64, 4 stages), the small one
-/// (64×64×64, 8 stages), the logp forward and the logp `dz` kernel.
-const BIG_SMEM: usize = 1024 + 4 * 49152 + 64;
-const SMALL_SMEM: usize = 1024 + 8 * 16384 + 128;
-const LOGP_SMEM: usize = 1024 + 4 * 49152 + 64;
-const LOGP_BWD_SMEM: usize = 1024 + 4 * 49152 + 8192 + 64;
 
 /// Largest dimension the kernels index (32-bit, with room for a tile past the end).
 const DIM_LIMIT: usize = (1 << 31) - 257;
@@ -199,3 +193,6 @@ pub(crate) fn linear_logp_backward<R: CubeRuntime, B: CubePrimitives<R>>(
         bias: d_bias.filter(|_| request.bias).map(back),
     }
 }
+
+#[cfg(test)]
+mod table_tests;

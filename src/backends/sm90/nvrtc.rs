@@ -9,51 +9,34 @@ use cubecl::server::{Binding, KernelArguments, MetadataBindingInfo, TensorMapBin
 use cubecl::{CompilationError, Compiler, CubeTask};
 use cubecl_cpp::shared::{Body, Elem, Flags, Item, SharedMemory};
 
+use super::table::{Entry, Unit};
+
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 const GEMM_UNIT: &str = include_str!("../../../kernels/gemm_sm90.cu");
 const LOGP_UNIT: &str = include_str!("../../../kernels/linear_logp_sm90.cu");
 const STREAM_SYNC_UNIT: &str = include_str!("../../../kernels/stream_sync.cu");
 
-/// The source file an entry point lives in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Unit {
-    Gemm,
-    Logp,
-    /// `kernels/stream_sync.cu`: plain CUDA for any architecture, compiled without `common.cuh`.
-    StreamSync,
-}
-
-impl Unit {
-    /// The source NVRTC compiles for `entry`.
-    fn source(self, entry: &str) -> String {
-        let selected =
-            |unit: &str| format!("#define IB_SELECT\n#define IB_ENTRY_{entry}\n{COMMON}\n{unit}");
-        match self {
-            Unit::Gemm => selected(GEMM_UNIT),
-            Unit::Logp => selected(LOGP_UNIT),
-            Unit::StreamSync => STREAM_SYNC_UNIT.to_string(),
-        }
+/// The source NVRTC compiles for `entry` of `unit`.
+fn source(unit: Unit, entry: &str) -> String {
+    let selected =
+        |unit: &str| format!("#define IB_SELECT\n#define IB_ENTRY_{entry}\n{COMMON}\n{unit}");
+    match unit {
+        Unit::Gemm => selected(GEMM_UNIT),
+        Unit::Logp => selected(LOGP_UNIT),
+        Unit::StreamSync => STREAM_SYNC_UNIT.to_string(),
     }
 }
 
-/// One entry point of `kernels/` with its launch shape.
+/// An entry of the table (`kernels/entries.txt`) as a cubecl task.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct RawKernel {
-    /// The `extern "C"` name; entry names are a fixed set, so no allocation per launch.
-    pub entry: &'static str,
-    pub unit: Unit,
-    /// Threads per block.
-    pub block: u32,
-    /// Dynamic shared memory in bytes.
-    pub smem: usize,
-}
+struct RawKernel(Entry);
 
 impl KernelMetadata for RawKernel {
     fn id(&self) -> KernelId {
         // The sources are compile-time constants: the entry name identifies the binary.
         KernelId::new::<Self>()
-            .info((self.entry, self.smem))
-            .cube_dim(CubeDim::new_1d(self.block))
+            .info((self.0.name, self.0.smem))
+            .cube_dim(CubeDim::new_1d(self.0.threads))
     }
 
     fn address_type(&self) -> StorageType {
@@ -107,12 +90,15 @@ impl CubeTask<CudaCompiler> for RawKernel {
         _mode: ExecutionMode,
         _address_type: StorageType,
     ) -> Result<CompiledKernel<CudaCompiler>, CompilationError> {
-        let cube_dim = CubeDim::new_1d(self.block);
+        let Entry {
+            name, unit, smem, ..
+        } = self.0;
+        let cube_dim = CubeDim::new_1d(self.0.threads);
         Ok(CompiledKernel {
-            entrypoint_name: self.entry.to_string(),
+            entrypoint_name: name.to_string(),
             debug_name: None,
-            source: self.unit.source(self.entry),
-            repr: Some(stub_repr(self.entry, cube_dim, self.smem)),
+            source: source(unit, name),
+            repr: Some(stub_repr(name, cube_dim, smem)),
             cube_dim,
             debug_info: None,
         })
@@ -174,11 +160,12 @@ fn compile_common() -> Result<(), String> {
     }
 }
 
-/// Launches `kernel` on `grid` blocks. Kernel parameters in cubecl's order: the maps, their
+/// Launches `kernel` on `grid` blocks of its table's threads and dynamic shared memory
+/// (`kernels/entries.txt`, looked up at compile time by the caller). Kernel parameters in cubecl's order: the maps, their
 /// buffers, `buffers`, then `params` by value (a `params.rs` mirror of the kernel's struct).
 pub(crate) fn launch<P: Pod>(
     client: &ComputeClient<CudaRuntime>,
-    kernel: RawKernel,
+    kernel: Entry,
     grid: usize,
     maps: Vec<TensorMapBinding>,
     buffers: Vec<Binding>,
@@ -191,7 +178,7 @@ pub(crate) fn launch<P: Pod>(
         .with_buffers(buffers)
         .with_info(MetadataBindingInfo::new(info, words));
     client.launch(
-        Box::new(kernel),
+        Box::new(RawKernel(kernel)),
         CubeCount::Static(grid.max(1) as u32, 1, 1),
         args,
     );

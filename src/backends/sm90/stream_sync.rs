@@ -4,8 +4,9 @@ use cubecl::cuda::CudaRuntime;
 use cubecl::prelude::ComputeClient;
 use cubecl::server::Binding;
 
-use super::nvrtc::{RawKernel, Unit, launch};
+use super::nvrtc::launch;
 pub(crate) use super::params::SyncParams;
+use super::table::entry;
 
 /// One entry point of `kernels/stream_sync.cu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +19,8 @@ pub(crate) enum SyncKernel {
     Copy,
 }
 
-/// Launches `kernel` on `grid` blocks of `block` threads on the client's stream.
+/// Launches `kernel` on `grid` blocks of `block` threads on the client's stream; `block` is the
+/// table's (`kernels/entries.txt`), which fixes it.
 pub(crate) fn launch_stream_sync(
     client: &ComputeClient<CudaRuntime>,
     kernel: SyncKernel,
@@ -26,16 +28,11 @@ pub(crate) fn launch_stream_sync(
     buffers: Vec<Binding>,
     params: SyncParams,
 ) {
-    let entry = match kernel {
-        SyncKernel::Signal => "ib_signal",
-        SyncKernel::Wait => "ib_wait",
-        SyncKernel::Copy => "ib_copy",
+    let kernel = match kernel {
+        SyncKernel::Signal => entry!("ib_signal"),
+        SyncKernel::Wait => entry!("ib_wait"),
+        SyncKernel::Copy => entry!("ib_copy"),
     };
-    let kernel = RawKernel {
-        entry,
-        unit: Unit::StreamSync,
-        block,
-        smem: 0,
-    };
+    debug_assert_eq!(block, kernel.threads, "block size of {}", kernel.name);
     launch(client, kernel, grid as usize, vec![], buffers, &params);
 }
