@@ -19,12 +19,15 @@ pub(crate) enum SyncKernel {
     Copy,
 }
 
-/// Launches `kernel` on `grid` blocks of `block` threads on the client's stream; `block` is the
-/// table's (`kernels/entries.txt`), which fixes it.
+/// Words one `ib_copy` block moves (its threads in `kernels/entries.txt`).
+pub(crate) const COPY_WORDS_PER_BLOCK: usize = entry!("ib_copy").threads as usize;
+
+/// Launches `kernel` on `grid` blocks on the client's stream; the block size is the table's
+/// (`kernels/entries.txt`).
 pub(crate) fn launch_stream_sync(
     client: &ComputeClient<CudaRuntime>,
     kernel: SyncKernel,
-    [grid, block]: [u32; 2],
+    grid: u32,
     buffers: Vec<Binding>,
     params: SyncParams,
 ) {
@@ -33,6 +36,5 @@ pub(crate) fn launch_stream_sync(
         SyncKernel::Wait => entry!("ib_wait"),
         SyncKernel::Copy => entry!("ib_copy"),
     };
-    debug_assert_eq!(block, kernel.threads, "block size of {}", kernel.name);
     launch(client, kernel, grid as usize, vec![], buffers, &params);
 }

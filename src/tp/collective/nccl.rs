@@ -55,7 +55,9 @@ use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use crate::InvariantError;
 use crate::backend::Collective;
 use crate::backends::cuda::{CudaBackend, CudaOps, CudaTensor};
-use crate::backends::sm90::stream_sync::{SyncKernel, SyncParams, launch_stream_sync};
+use crate::backends::sm90::stream_sync::{
+    COPY_WORDS_PER_BLOCK, SyncKernel, SyncParams, launch_stream_sync,
+};
 
 /// How long [`NcclGroup`] waits for the other ranks, by default.
 pub const NCCL_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -460,7 +462,7 @@ impl NcclGroup {
             words: words as u64,
         };
         let order = vec![send.handle.clone().binding(), recv.clone().binding()];
-        launch_stream_sync(client, SyncKernel::Signal, [1, 32], order, sync_params(0));
+        launch_stream_sync(client, SyncKernel::Signal, 1, order, sync_params(0));
         // The block's memory may be reused once its handle drops, but only by work enqueued
         // on this cubecl stream, which is behind the `ib_wait` below.
         let send_ptr = address(client, &send.handle)?;
@@ -474,12 +476,12 @@ impl NcclGroup {
             }
             format!("rank {}: enqueueing the all-gather: {reason}", shared.rank)
         });
-        launch_stream_sync(client, SyncKernel::Wait, [1, 32], vec![], sync_params(0));
-        let blocks = words.div_ceil(256).min(1 << 16) as u32;
+        launch_stream_sync(client, SyncKernel::Wait, 1, vec![], sync_params(0));
+        let blocks = words.div_ceil(COPY_WORDS_PER_BLOCK).min(1 << 16) as u32;
         launch_stream_sync(
             client,
             SyncKernel::Copy,
-            [blocks, 256],
+            blocks,
             vec![recv.binding(), out.handle.clone().binding()],
             sync_params(words),
         );
