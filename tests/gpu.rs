@@ -174,17 +174,12 @@ mod wgpu {
         fn rl_head_on_the_tensor_core_path() {
             let Some(device) = device() else { return };
             let dtype = burn::tensor::DType::F16;
-            burn_invariant_cubecl::force_chunked_fma(true);
-            let run = std::panic::catch_unwind(|| {
+            burn_invariant_cubecl::with_chunked_fma(|| {
                 common::rl_head::head_correctness::<B>(&device, dtype);
                 common::rl_head::head_row_invariance::<B>(&device, dtype);
                 common::rl_head::head_gradients_f64::<AD>(&device, dtype, [7, 13, 97]);
                 common::rl_head::head_backward_invariance::<AD>(&device, dtype);
             });
-            burn_invariant_cubecl::force_chunked_fma(false);
-            if let Err(e) = run {
-                std::panic::resume_unwind(e);
-            }
         }
     }
 

@@ -95,7 +95,7 @@ pub use gemm::{
     FmaMode, GemmPath, cmma_supported, col_sum, fma_mode, matmul, matmul_path, matmul_row_reduction,
 };
 #[doc(hidden)]
-pub use logp::force_chunked_fma;
+pub use logp::with_chunked_fma;
 pub use logp::{
     LogpGradRefs, LogpInputRefs, linear_logp_backward, linear_logp_backward_workspace_len,
     linear_logp_forward, linear_logp_forward_max_rows, linear_logp_forward_workspace_len,

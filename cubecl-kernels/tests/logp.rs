@@ -546,12 +546,8 @@ fn suite<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
     errors(client);
 }
 
-/// The chunk hook is process-wide: the wgpu tests of this file take turns.
-static CHUNK_HOOK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 #[test]
 fn logp_wgpu() {
-    let _turn = CHUNK_HOOK.lock().unwrap_or_else(|e| e.into_inner());
     with_wgpu("logp_wgpu", |client| suite(client, &[Dt::F32, Dt::F16]));
 }
 
@@ -559,19 +555,13 @@ fn logp_wgpu() {
 /// cooperative matrices): the f16 suite, plus shapes crossing the row and vocabulary chunks.
 #[test]
 fn logp_chunked_fma_wgpu() {
-    let _turn = CHUNK_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    burn_invariant_cubecl::force_chunked_fma(true);
-    let run = std::panic::catch_unwind(|| {
+    burn_invariant_cubecl::with_chunked_fma(|| {
         with_wgpu("logp_chunked_fma_wgpu", |client| {
             suite(client, &[Dt::F16]);
             check_forward(client, &Problem::new(9, 2100, 9, 9001, Dt::F16, true));
             check_backward(client, &Problem::new(10, 2100, 9, 4500, Dt::F16, true));
         })
     });
-    burn_invariant_cubecl::force_chunked_fma(false);
-    if let Err(e) = run {
-        std::panic::resume_unwind(e);
-    }
 }
 
 #[cfg(feature = "cuda")]

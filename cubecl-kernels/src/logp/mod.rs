@@ -22,7 +22,7 @@ use crate::gemm::args::GemmOperands;
 use crate::gemm::cmma::{CmmaChoice, launch_cmma};
 use crate::gemm::fma::{SKIP_NONE, launch_fma};
 use cubecl::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::Cell;
 
 /// The GEMMs of the chunked (tensor-core) path: the pinned cmma kernel, or, for tests on devices
 /// without cooperative matrices, the FMA kernel in the same chunk structure.
@@ -48,16 +48,26 @@ impl Products {
     }
 }
 
-static CHUNKED_FMA: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    static CHUNKED_FMA: Cell<bool> = const { Cell::new(false) };
+}
 
-/// Test hook: run f16 / bf16 `linear_logp` through the tensor-core path's chunks, scan and `dz`
-/// kernels with FMA GEMMs where the device has no cooperative matrices (lavapipe), so that path's
-/// own kernels are tested there. Process-wide; not for production use.
+/// Test hook: runs `f` with this thread's f16 / bf16 `linear_logp` launches taking the
+/// tensor-core path's chunks, scan and `dz` kernels with FMA GEMMs where the device has no
+/// cooperative matrices (lavapipe), so that path's own kernels are tested there. Other threads
+/// are unaffected; the previous setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
-pub fn force_chunked_fma(on: bool) {
-    CHUNKED_FMA.store(on, Ordering::SeqCst);
+pub fn with_chunked_fma<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CHUNKED_FMA.with(|on| on.set(self.0));
+        }
+    }
+    let _restore = Restore(CHUNKED_FMA.with(|on| on.replace(true)));
+    f()
 }
 
 pub(crate) fn chunked_fma_forced() -> bool {
-    CHUNKED_FMA.load(Ordering::SeqCst)
+    CHUNKED_FMA.with(Cell::get)
 }
