@@ -11,17 +11,50 @@ use cubecl::prelude::*;
 
 const BLOCK: usize = 256;
 
+/// A leaf's vocabulary columns `start .. start + len` and the ignore index, in the targets' dtype.
+#[derive(CubeType, CubeLaunch)]
+struct LeafRange {
+    start: InputScalar,
+    len: InputScalar,
+    ignore: InputScalar,
+}
+
+/// The pick kernel's inputs: the running `acc [2, N]`, the leaf's `stats [N, 2]` and its leaf
+/// targets.
+#[derive(CubeType, CubeLaunch)]
+struct PickInputs<I: Int> {
+    acc: Tensor<f32>,
+    stats: Tensor<f32>,
+    leaf_targets: Tensor<I>,
+}
+
+/// The finish kernel's inputs: the picks `[2, N]`, the merged `lse [N]`, the targets.
+#[derive(CubeType, CubeLaunch)]
+struct FinishInputs<I: Int> {
+    picks: Tensor<f32>,
+    lse: Tensor<f32>,
+    targets: Tensor<I>,
+}
+
+/// The finish kernel's scalars: rows, the vocabulary size (`vocab_unbounded == 1` where it does
+/// not fit the targets' dtype), the ignore index, NaN.
+#[derive(CubeType, CubeLaunch)]
+struct FinishScalars {
+    n: u32,
+    vocab: InputScalar,
+    vocab_unbounded: u32,
+    ignore: InputScalar,
+    nan: f32,
+}
+
 /// Leaf target of row `i`: `t − start` when `0 ≤ t − start < len` and `t` is not ignored,
 /// `-1` (the leaf's ignore index) when ignored, `-2` (matches no column) otherwise.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 fn leaf_targets_kernel<I: Int>(
     targets: &Tensor<I>,
     out: &mut Tensor<I>,
     n: u32,
-    start: InputScalar,
-    len: InputScalar,
-    ignore: InputScalar,
+    leaf: LeafRange,
     #[comptime] has_ignore: bool,
     #[define(I)] _dtype: StorageType,
 ) {
@@ -32,15 +65,15 @@ fn leaf_targets_kernel<I: Int>(
         let t = targets[row];
         let mut ignored = false;
         if comptime![has_ignore] {
-            ignored = t == ignore.get::<I>();
+            ignored = t == leaf.ignore.get::<I>();
         }
-        let start = start.get::<I>();
+        let start = leaf.start.get::<I>();
         let mut out_t = I::from_int(-2);
         if ignored {
             out_t = I::from_int(-1);
         } else if t >= start {
             let local = t - start;
-            if local < len.get::<I>() {
+            if local < leaf.len.get::<I>() {
                 out_t = local;
             }
         }
@@ -103,11 +136,8 @@ fn entropy_side(lse_side: f32, h: f32, lse: f32, neg_inf: f32) -> f32 {
 /// `out [2, N]`: row 0 the leaf's `logp`, row 1 its `lse` where the leaf owns the row
 /// (`leaf_targets ≥ 0`), `acc` (or 0) elsewhere.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 fn pick_kernel<I: Int>(
-    acc: &Tensor<f32>,
-    stats: &Tensor<f32>,
-    leaf_targets: &Tensor<I>,
+    ins: &PickInputs<I>,
     out: &mut Tensor<f32>,
     n: u32,
     #[comptime] has_acc: bool,
@@ -121,12 +151,12 @@ fn pick_kernel<I: Int>(
         let mut logp = 0.0f32;
         let mut lse = 0.0f32;
         if comptime![has_acc] {
-            logp = acc[row];
-            lse = acc[n + row];
+            logp = ins.acc[row];
+            lse = ins.acc[n + row];
         }
-        if leaf_targets[row] >= I::from_int(0) {
-            logp = stats[2 * row];
-            lse = stats[2 * row + 1];
+        if ins.leaf_targets[row] >= I::from_int(0) {
+            logp = ins.stats[2 * row];
+            lse = ins.stats[2 * row + 1];
         }
         out[row] = logp;
         out[n + row] = lse;
@@ -136,36 +166,29 @@ fn pick_kernel<I: Int>(
 /// `out [N, 2] = (logp, lse)`: `logp = 0` for ignored rows, `pick_logp + (pick_lse − lse)` for
 /// targets in `[0, V)`, NaN for any other target.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 fn finish_kernel<I: Int>(
-    picks: &Tensor<f32>,
-    lse: &Tensor<f32>,
-    targets: &Tensor<I>,
+    ins: &FinishInputs<I>,
     out: &mut Tensor<f32>,
-    n: u32,
-    vocab: InputScalar,
-    vocab_unbounded: u32,
-    ignore: InputScalar,
-    nan: f32,
+    sc: FinishScalars,
     #[comptime] has_ignore: bool,
     #[define(I)] _dtype: StorageType,
 ) {
     let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
         * CUBE_DIM_X as usize
         + UNIT_POS_X as usize;
-    let n = n as usize;
+    let n = sc.n as usize;
     if row < n {
-        let t = targets[row];
-        let l = lse[row];
+        let t = ins.targets[row];
+        let l = ins.lse[row];
         let mut ignored = false;
         if comptime![has_ignore] {
-            ignored = t == ignore.get::<I>();
+            ignored = t == sc.ignore.get::<I>();
         }
-        let mut logp = nan;
+        let mut logp = sc.nan;
         if ignored {
             logp = 0.0f32;
-        } else if t >= I::from_int(0) && (vocab_unbounded == 1u32 || t < vocab.get::<I>()) {
-            logp = picks[row] + (picks[n + row] - l);
+        } else if t >= I::from_int(0) && (sc.vocab_unbounded == 1u32 || t < sc.vocab.get::<I>()) {
+            logp = ins.picks[row] + (ins.picks[n + row] - l);
         }
         out[2 * row] = logp;
         out[2 * row + 1] = l;
@@ -264,9 +287,11 @@ pub fn leaf_targets<R: Runtime>(
             raw_arg(targets),
             raw_arg(out),
             n32,
-            int_scalar(start as i64, it),
-            int_scalar(len as i64, it),
-            int_scalar(ignore.unwrap_or(0), it),
+            LeafRangeLaunch::new(
+                int_scalar(start as i64, it),
+                int_scalar(len as i64, it),
+                int_scalar(ignore.unwrap_or(0), it),
+            ),
             ignore.is_some(),
             it.storage(),
         );
@@ -369,9 +394,11 @@ pub fn pick<R: Runtime>(
             client,
             count,
             CubeDim::new_1d(BLOCK as u32),
-            raw_arg(acc.unwrap_or(stats)),
-            raw_arg(stats),
-            raw_arg(leaf_targets),
+            PickInputsLaunch::new(
+                raw_arg(acc.unwrap_or(stats)),
+                raw_arg(stats),
+                raw_arg(leaf_targets),
+            ),
             raw_arg(out),
             n32,
             acc.is_some(),
@@ -429,15 +456,15 @@ pub fn finish<R: Runtime>(
             client,
             count,
             CubeDim::new_1d(BLOCK as u32),
-            raw_arg(picks),
-            raw_arg(lse),
-            raw_arg(targets),
+            FinishInputsLaunch::new(raw_arg(picks), raw_arg(lse), raw_arg(targets)),
             raw_arg(out),
-            n32,
-            int_scalar(vocab.min(i64::MAX as usize) as i64, it),
-            unbounded as u32,
-            int_scalar(ignore.unwrap_or(0), it),
-            f32::NAN,
+            FinishScalarsLaunch::new(
+                n32,
+                int_scalar(vocab.min(i64::MAX as usize) as i64, it),
+                unbounded as u32,
+                int_scalar(ignore.unwrap_or(0), it),
+                f32::NAN,
+            ),
             ignore.is_some(),
             it.storage(),
         );

@@ -2,12 +2,13 @@
 //! ascending) and the dK/dV kernel (tiles of keys, query rows of the group ascending).
 
 use super::forward::{query_rows, zero};
-use super::inputs::{Checked, Layouts, check_inputs};
+use super::inputs::{Checked, Layouts, check_inputs, grad_inputs};
 use super::math::exp_p;
 use super::tile::{
-    AttnCfg, AttnParams, DC, DKV_PAD, DKV_ROWS, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, SCALE_B,
-    SCALE_NONE, STAGE_LEN, THREADS, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows,
-    key_rows, kv_base, kv_len_of, load_chunk, max_visible, visible,
+    AttnCfg, AttnParams, DC, DKV_PAD, DKV_ROWS, DeltaInputs, DeltaInputsLaunch, GradInputs,
+    KEY_BLOCK, KvGrads, KvGradsLaunch, RowSrc, S_PAD, SCALE_A, SCALE_B, SCALE_NONE, STAGE_LEN,
+    THREADS, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows, key_rows, kv_base,
+    kv_len_of, load_chunk, max_visible, visible,
 };
 use super::{AttentionGradRefs, AttentionRefs, attention_backward_workspace_len};
 use crate::error::KernelError;
@@ -95,10 +96,12 @@ fn launch_delta<R: Runtime>(
                 client,
                 CubeCount::Static(len.div_ceil(THREADS) as u32, 1, 1),
                 CubeDim::new_1d(THREADS as u32),
-                raw_arg(grads.out),
-                raw_arg(grads.grad_out),
-                raw_arg(grads.lse),
-                raw_arg(inputs.kv_lens),
+                DeltaInputsLaunch::new(
+                    raw_arg(grads.out),
+                    raw_arg(grads.grad_out),
+                    raw_arg(grads.lse),
+                    raw_arg(inputs.kv_lens),
+                ),
                 raw_arg(grads.workspace),
                 layouts.params(c, start),
                 cfg,
@@ -125,11 +128,7 @@ fn launch_dq<R: Runtime>(
                 client,
                 CubeCount::Static(len as u32, 1, 1),
                 CubeDim::new_2d(UNITS as u32, UNITS as u32),
-                raw_arg(inputs.query),
-                raw_arg(inputs.key),
-                raw_arg(inputs.value),
-                raw_arg(grads.grad_out),
-                raw_arg(grads.workspace),
+                grad_inputs(inputs, grads),
                 raw_arg(grads.grad_query),
                 layouts.params(c, start),
                 cfg,
@@ -158,13 +157,8 @@ fn launch_dkv<R: Runtime>(
                 client,
                 CubeCount::Static(len as u32, 1, 1),
                 CubeDim::new_2d(UNITS as u32, UNITS as u32),
-                raw_arg(inputs.query),
-                raw_arg(inputs.key),
-                raw_arg(inputs.value),
-                raw_arg(grads.grad_out),
-                raw_arg(grads.workspace),
-                raw_arg(grads.grad_key),
-                raw_arg(grads.grad_value),
+                grad_inputs(inputs, grads),
+                KvGradsLaunch::new(raw_arg(grads.grad_key), raw_arg(grads.grad_value)),
                 layouts.params(c, start),
                 cfg,
                 c.dt.storage(),
@@ -178,12 +172,8 @@ fn launch_dkv<R: Runtime>(
 /// `ws[3·row + 1]` = the row's visible keys where it takes part (position ≥ 0 and `dO` not all
 /// zero), else 0, `ws[3·row + 2] = bits(lse)`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
 pub(crate) fn attention_delta_kernel<F: Float>(
-    out: &Tensor<F>,
-    grad_out: &Tensor<F>,
-    lse: &Tensor<f32>,
-    kv_lens: &Tensor<i32>,
+    ins: &DeltaInputs<F>,
     ws: &mut Tensor<u32>,
     p: AttnParams,
     #[comptime] cfg: AttnCfg,
@@ -199,23 +189,23 @@ pub(crate) fn attention_delta_kernel<F: Float>(
         let bh = row / q_len;
         let h = bh % heads;
         let b = bh / heads;
-        let len = kv_len_of(kv_lens, b * p.lens as usize, p.kv_len);
+        let len = kv_len_of(&ins.kv_lens, b * p.lens as usize, p.kv_len);
         let vis = visible(len, p.q_len, i, comptime![cfg.causal]);
         let obase = b * p.o.b as usize + h * p.o.h as usize + i * p.o.s as usize;
         let gbase = b * p.go.b as usize + h * p.go.h as usize + i * p.go.s as usize;
         let mut delta = 0.0f32;
         let mut any = false;
         for dd in 0..d {
-            let g = f32::cast_from(grad_out[gbase + dd * p.go.d as usize]);
+            let g = f32::cast_from(ins.grad_out[gbase + dd * p.go.d as usize]);
             any = any || g != 0.0f32;
             delta = fma_f32(
                 g,
-                f32::cast_from(out[obase + dd * p.o.d as usize]),
+                f32::cast_from(ins.out[obase + dd * p.o.d as usize]),
                 delta,
                 comptime![cfg.emulate],
             );
         }
-        let l = lse[b * p.lse.b as usize + h * p.lse.h as usize + i * p.lse.s as usize];
+        let l = ins.lse[b * p.lse.b as usize + h * p.lse.h as usize + i * p.lse.s as usize];
         ws[3 * row] = u32::reinterpret(delta);
         ws[3 * row + 1] = select(any, vis, 0u32);
         ws[3 * row + 2] = u32::reinterpret(l);
@@ -275,13 +265,8 @@ fn group_row_base(tile: &Tile, p: &AttnParams) -> usize {
 
 /// `dQ`: one cube per (batch row, KV head, tile of `16·rows` query rows of the group).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
 pub(crate) fn attention_dq_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    grad_out: &Tensor<F>,
-    ws: &Tensor<u32>,
+    ins: &GradInputs<F>,
     grad_query: &mut Tensor<F>,
     p: AttnParams,
     #[comptime] cfg: AttnCfg,
@@ -299,7 +284,7 @@ pub(crate) fn attention_dq_kernel<F: Float>(
     let mut stage = SharedMemory::<f32>::new(STAGE_LEN);
     let mut ss = SharedMemory::<f32>::new(br * S_PAD);
     let mut rows = row_state(br);
-    load_row_state(ws, row_base, tile.first, gq, &mut rows, br);
+    load_row_state(&ins.ws, row_base, tile.first, gq, &mut rows, br);
     sync_cube();
     let max_vis = max_visible(&rows.vis, br);
     let qsrc = group_rows(group_base(&p.q, &tile, &p), tile.first, gq, &p.q, &p);
@@ -317,15 +302,26 @@ pub(crate) fn attention_dq_kernel<F: Float>(
         let ksrc = key_rows(kbase, j0, bend, &p.k);
         let vsrc = key_rows(vbase, j0, bend, &p.v);
         dot_tile::<F>(
-            q, &qsrc, k, &ksrc, p.scale, &mut stage, &mut s, ra, 4usize, SCALE_A, d, emulate,
+            &ins.q, &qsrc, &ins.k, &ksrc, p.scale, &mut stage, &mut s, ra, 4usize, SCALE_A, d,
+            emulate,
         );
         dot_tile::<F>(
-            grad_out, &gsrc, v, &vsrc, p.scale, &mut stage, &mut dp, ra, 4usize, SCALE_NONE, d,
+            &ins.grad_out,
+            &gsrc,
+            &ins.v,
+            &vsrc,
+            p.scale,
+            &mut stage,
+            &mut dp,
+            ra,
+            4usize,
+            SCALE_NONE,
+            d,
             emulate,
         );
         query_ds(&s, &dp, j0, &rows, &mut ss, cfg);
         accumulate_dsk::<F>(
-            k,
+            &ins.k,
             &ksrc,
             p.scale,
             j0,
@@ -467,15 +463,9 @@ struct KeyTiles {
 /// `dK`, `dV`: one cube per (batch row, KV head, tile of `16·rows` keys); the query rows of the
 /// group (`local_head·Q + i`) in steps of `DKV_ROWS`, ascending.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
 pub(crate) fn attention_dkv_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    grad_out: &Tensor<F>,
-    ws: &Tensor<u32>,
-    grad_key: &mut Tensor<F>,
-    grad_value: &mut Tensor<F>,
+    ins: &GradInputs<F>,
+    outs: &mut KvGrads<F>,
     p: AttnParams,
     #[comptime] cfg: AttnCfg,
     #[define(F)] _dtype: StorageType,
@@ -513,7 +503,7 @@ pub(crate) fn attention_dkv_kernel<F: Float>(
 
     for st in 0..gq.div_ceil(DKV_ROWS) {
         let r0 = st * DKV_ROWS;
-        load_row_state(ws, row_base, r0, gq, &mut rows, DKV_ROWS);
+        load_row_state(&ins.ws, row_base, r0, gq, &mut rows, DKV_ROWS);
         sync_cube();
         let tmax = max_visible(&rows.vis, DKV_ROWS);
         // Uniform over the cube: skip steps whose rows see none of the tile's keys.
@@ -524,22 +514,52 @@ pub(crate) fn attention_dkv_kernel<F: Float>(
             let qsrc = group_rows(qbase, r0, gq, &p.q, &p);
             let gsrc = group_rows(gbase, r0, gq, &p.go, &p);
             dot_tile::<F>(
-                k, &ksrc, q, &qsrc, p.scale, &mut stage, &mut s, ra, nq, SCALE_B, d, emulate,
+                &ins.k, &ksrc, &ins.q, &qsrc, p.scale, &mut stage, &mut s, ra, nq, SCALE_B, d,
+                emulate,
             );
             dot_tile::<F>(
-                v, &vsrc, grad_out, &gsrc, p.scale, &mut stage, &mut dp, ra, nq, SCALE_NONE, d,
+                &ins.v,
+                &vsrc,
+                &ins.grad_out,
+                &gsrc,
+                p.scale,
+                &mut stage,
+                &mut dp,
+                ra,
+                nq,
+                SCALE_NONE,
+                d,
                 emulate,
             );
             key_p_ds(&s, &dp, tile.first, &rows, &mut kt, cfg);
             let nr = min(DKV_ROWS, gq - r0);
             accumulate_dkv::<F>(
-                q, &qsrc, grad_out, &gsrc, p.scale, nr, tile.first, &rows, &kt, &mut stage,
-                &mut dk, &mut dv, cfg,
+                &ins.q,
+                &qsrc,
+                &ins.grad_out,
+                &gsrc,
+                p.scale,
+                nr,
+                tile.first,
+                &rows,
+                &kt,
+                &mut stage,
+                &mut dk,
+                &mut dv,
+                cfg,
             );
         }
         sync_cube();
     }
-    write_dkv::<F>(grad_key, grad_value, &dk, &dv, &tile, &p, cfg);
+    write_dkv::<F>(
+        &mut outs.grad_key,
+        &mut outs.grad_value,
+        &dk,
+        &dv,
+        &tile,
+        &p,
+        cfg,
+    );
 }
 
 /// `p = exp_p(s − lse)` and `ds = p·(dp − δ)` for the unit's (key, query row) pairs where the

@@ -3,15 +3,15 @@
 //! staged once for all of them.
 
 use super::AttentionRefs;
-use super::inputs::{Checked, Layouts, check_inputs};
+use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
     TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split,
 };
 use super::tile::{
-    AttnCfg, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD, SCALE_A, STAGE_LEN, Tile, UNITS, cube_tile,
-    dot_tile, group_base, group_rows, key_rows, kv_base, kv_len_of, load_chunk, max_visible,
-    visible,
+    AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD,
+    SCALE_A, STAGE_LEN, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows, key_rows,
+    kv_base, kv_len_of, load_chunk, max_visible, visible,
 };
 use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
@@ -65,12 +65,8 @@ pub fn attention_forward<R: Runtime>(
                 client,
                 CubeCount::Static(len as u32, 1, 1),
                 CubeDim::new_2d(UNITS as u32, UNITS as u32),
-                raw_arg(inputs.query),
-                raw_arg(inputs.key),
-                raw_arg(inputs.value),
-                raw_arg(inputs.kv_lens),
-                raw_arg(out),
-                raw_arg(lse),
+                attn_inputs(inputs),
+                AttnOutputsLaunch::new(raw_arg(out), raw_arg(lse)),
                 layouts.params(&c, start),
                 cfg,
                 c.dt.storage(),
@@ -161,14 +157,9 @@ struct RowShared {
 /// The FMA forward (see [`attention_forward`]): per key block the scores, the block max and `α`,
 /// the probabilities, the row sums and `P·V`; then `lse` and the output.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
 pub(crate) fn attention_forward_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    kv_lens: &Tensor<i32>,
-    out: &mut Tensor<F>,
-    lse: &mut Tensor<f32>,
+    ins: &AttnInputs<F>,
+    outs: &mut AttnOutputs<F>,
     p: AttnParams,
     #[comptime] cfg: AttnCfg,
     #[define(F)] _dtype: StorageType,
@@ -178,7 +169,7 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     let tid = UNIT_POS_Y as usize * UNITS + UNIT_POS_X as usize;
     let gq = p.group as usize * p.q_len as usize;
     let tile = cube_tile(&p, gq, gq, br);
-    let len = kv_len_of(kv_lens, tile.b * p.lens as usize, p.kv_len);
+    let len = kv_len_of(&ins.kv_lens, tile.b * p.lens as usize, p.kv_len);
     let mut stage = SharedMemory::<f32>::new(STAGE_LEN);
     let mut ss = SharedMemory::<f32>::new(br * S_PAD);
     let mut rows = RowShared {
@@ -206,14 +197,14 @@ pub(crate) fn attention_forward_kernel<F: Float>(
         let bend = min(j0 + KEY_BLOCK, max_vis);
         let ksrc = key_rows(kbase, j0, bend, &p.k);
         block_scores::<F>(
-            q, &qsrc, k, &ksrc, p.scale, &mut stage, &mut s, &mut ss, cfg,
+            &ins.q, &qsrc, &ins.k, &ksrc, p.scale, &mut stage, &mut s, &mut ss, cfg,
         );
         block_max(tid, &ss, j0, m, &mut rows, cfg);
         probabilities(&s, &rows, &mut ss, cfg);
         update_sum(tid, &ss, &rows, &mut m, &mut l, cfg);
         let vsrc = key_rows(vbase, j0, bend, &p.v);
         accumulate_pv::<F>(
-            v,
+            &ins.v,
             &vsrc,
             p.scale,
             bend - j0,
@@ -226,9 +217,9 @@ pub(crate) fn attention_forward_kernel<F: Float>(
         // The next block rewrites the scores (needed where no chunk loop ran: D = 0).
         sync_cube();
     }
-    write_lse(lse, tid, &tile, m, l, &mut rows, &p, cfg);
+    write_lse(&mut outs.lse, tid, &tile, m, l, &mut rows, &p, cfg);
     sync_cube();
-    write_out::<F>(out, &o, &tile, &rows, &p, cfg);
+    write_out::<F>(&mut outs.out, &o, &tile, &rows, &p, cfg);
 }
 
 /// `n` zeros into `a`.

@@ -1,12 +1,15 @@
 //! The inputs' checks, the size limits and the launch parameters.
 
 use super::tile::{
-    AttnCfg, AttnParamsLaunch, DKV_PAD, S_PAD, STAGE_LEN, Strides4Launch, THREADS, UNITS,
+    AttnCfg, AttnInputsLaunch, AttnParamsLaunch, DKV_PAD, GradInputsLaunch, S_PAD, STAGE_LEN,
+    Strides4Launch, THREADS, UNITS,
 };
-use super::{ATTENTION_MAX_HEAD_DIM, AttentionDims, AttentionRefs};
+use super::{ATTENTION_MAX_HEAD_DIM, AttentionDims, AttentionGradRefs, AttentionRefs};
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
-use crate::util::{FloatDType, View, check_runtime_dtype, check_view, expect_shape, to_u32};
+use crate::util::{
+    FloatDType, View, check_runtime_dtype, check_view, expect_shape, raw_arg, to_u32,
+};
 use cubecl::prelude::*;
 
 impl AttentionDims {
@@ -176,6 +179,32 @@ pub(crate) struct Layouts<'a> {
     pub gk: Option<&'a View>,
     pub gv: Option<&'a View>,
     pub lse: Option<&'a View>,
+}
+
+/// The forward's tensor inputs as one launch argument.
+pub(crate) fn attn_inputs<F: Float, R: Runtime>(
+    inputs: &AttentionRefs<'_, R>,
+) -> AttnInputsLaunch<F, R> {
+    AttnInputsLaunch::new(
+        raw_arg(inputs.query),
+        raw_arg(inputs.key),
+        raw_arg(inputs.value),
+        raw_arg(inputs.kv_lens),
+    )
+}
+
+/// The dQ and dK/dV kernels' tensor inputs as one launch argument.
+pub(crate) fn grad_inputs<F: Float, R: Runtime>(
+    inputs: &AttentionRefs<'_, R>,
+    grads: &AttentionGradRefs<'_, R>,
+) -> GradInputsLaunch<F, R> {
+    GradInputsLaunch::new(
+        raw_arg(inputs.query),
+        raw_arg(inputs.key),
+        raw_arg(inputs.value),
+        raw_arg(grads.grad_out),
+        raw_arg(grads.workspace),
+    )
 }
 
 fn strides<R: Runtime>(v: Option<&View>) -> Strides4Launch<R> {

@@ -76,6 +76,48 @@ pub(crate) struct AttnParams {
     pub offset: u32,
 }
 
+/// The forward's tensor inputs (read-only bindings, in this order).
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct AttnInputs<F: Float> {
+    pub q: Tensor<F>,
+    pub k: Tensor<F>,
+    pub v: Tensor<F>,
+    pub kv_lens: Tensor<i32>,
+}
+
+/// The forward's outputs: `out` (dtype) and `lse` (f32).
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct AttnOutputs<F: Float> {
+    pub out: Tensor<F>,
+    pub lse: Tensor<f32>,
+}
+
+/// The δ kernel's inputs: the saved output, `dOut`, the saved `lse`, `kv_lens`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DeltaInputs<F: Float> {
+    pub out: Tensor<F>,
+    pub grad_out: Tensor<F>,
+    pub lse: Tensor<f32>,
+    pub kv_lens: Tensor<i32>,
+}
+
+/// The dQ and dK/dV kernels' inputs: `q`, `k`, `v`, `dOut` and the δ kernel's workspace.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct GradInputs<F: Float> {
+    pub q: Tensor<F>,
+    pub k: Tensor<F>,
+    pub v: Tensor<F>,
+    pub grad_out: Tensor<F>,
+    pub ws: Tensor<u32>,
+}
+
+/// The dK/dV kernel's outputs.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct KvGrads<F: Float> {
+    pub grad_key: Tensor<F>,
+    pub grad_value: Tensor<F>,
+}
+
 /// Compile-time configuration: head size, rows per unit (the cube's row tile is `16·rows`),
 /// causal masking, `fma` emulation.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! Host-side descriptions of the buffers a GEMM launch reads and writes.
 
 use crate::error::KernelError;
-use crate::gemm::view::StridedViewLaunch;
-use crate::util::{View, launch_chunks, to_u32};
+use crate::gemm::view::{MatArgLaunch, StridedViewLaunch, VecArgLaunch};
+use crate::util::{View, launch_chunks, raw_arg, to_u32};
 use cubecl::ir::StorageType;
 use cubecl::prelude::*;
 
@@ -69,6 +69,11 @@ impl<'a, R: Runtime> Mat<'a, R> {
     pub(crate) fn launch(&self) -> StridedViewLaunch<R> {
         StridedViewLaunch::new(self.offset, self.s0, self.s1)
     }
+
+    /// The buffer and its layout as one kernel argument.
+    pub(crate) fn arg<E: Float>(&self) -> MatArgLaunch<E, R> {
+        MatArgLaunch::new(raw_arg(self.buf), self.launch())
+    }
 }
 
 /// Bias vector: buffer, offset, stride (same dtype as the rhs).
@@ -92,6 +97,11 @@ impl<'a, R: Runtime> Vec1<'a, R> {
             offset: to_u32(arg, "offset", offset)?,
             stride: self.stride,
         })
+    }
+
+    /// The buffer, offset and stride as one kernel argument.
+    pub(crate) fn arg<E: Float>(&self) -> VecArgLaunch<E, R> {
+        VecArgLaunch::new(raw_arg(self.buf), self.offset, self.stride)
     }
 }
 

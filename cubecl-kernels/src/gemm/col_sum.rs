@@ -3,20 +3,16 @@
 use crate::consts::COL_SUM_BLOCK;
 use crate::error::KernelError;
 use crate::gemm::args::{Mat, Vec1};
-use crate::gemm::view::StridedView;
-use crate::util::{check_grid, launch_chunks, raw_arg, to_u32};
+use crate::gemm::view::{MatArg, VecArg};
+use crate::util::{check_grid, launch_chunks, to_u32};
 use cubecl::prelude::*;
 
 /// `out[j] (+)= Σ_{i ascending} f32(x[i,j])`, one unit per column, f32 accumulator, one final
 /// rounding to `O`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn col_sum_kernel<X: Float, O: Float>(
-    x: &Tensor<X>,
-    xo: StridedView,
-    out: &mut Tensor<O>,
-    out_off: u32,
-    out_stride: u32,
+    x: &MatArg<X>,
+    out: &mut VecArg<O>,
     m: u32,
     n: u32,
     #[comptime] accumulate: bool,
@@ -26,17 +22,17 @@ pub(crate) fn col_sum_kernel<X: Float, O: Float>(
     let n = n as usize;
     let m = m as usize;
     if col < n {
-        let o = out_off as usize + col * out_stride as usize;
+        let o = out.offset as usize + col * out.stride as usize;
         let mut acc = 0.0f32;
         if comptime![accumulate] {
-            acc = f32::cast_from(out[o]);
+            acc = f32::cast_from(out.buf[o]);
         }
-        let base = xo.offset as usize + col * xo.s1 as usize;
-        let s0 = xo.s0 as usize;
+        let base = x.view.offset as usize + col * x.view.s1 as usize;
+        let s0 = x.view.s0 as usize;
         for row in 0..m {
-            acc += f32::cast_from(x[base + row * s0]);
+            acc += f32::cast_from(x.buf[base + row * s0]);
         }
-        out[o] = O::cast_from(acc);
+        out.buf[o] = O::cast_from(acc);
     }
 }
 
@@ -60,11 +56,8 @@ pub(crate) fn launch_col_sum<R: Runtime>(
                 client,
                 CubeCount::Static(gx, 1, 1),
                 CubeDim::new_1d(COL_SUM_BLOCK as u32),
-                raw_arg(x.buf),
-                x.launch(),
-                raw_arg(out.buf),
-                out.offset,
-                out.stride,
+                x.arg(),
+                out.arg(),
                 m32,
                 to_u32("x", "N", cols)?,
                 accumulate,

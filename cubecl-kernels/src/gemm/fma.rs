@@ -8,7 +8,9 @@
 use crate::consts::{FMA_BK, FMA_BM, FMA_BN, FMA_MICRO, FMA_THREADS};
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, gemm_scalars};
-use crate::gemm::view::StridedView;
+use crate::gemm::view::{
+    MatArg, Mkn, MknLaunch, Operands, OperandsLaunch, StridedView, VecArgLaunch,
+};
 use crate::util::{check_grid, raw_arg};
 use cubecl::prelude::*;
 
@@ -222,38 +224,41 @@ pub(crate) fn fma_block<A: Float, B: Float>(
     }
 }
 
+/// The FMA GEMM kernel's compile-time switches: a bias to add, accumulate into `out`, which
+/// zero terms to skip (`SKIP_*`), `fma` emulated.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct FmaCfg {
+    pub has_bias: bool,
+    pub accumulate: bool,
+    pub skip_zero: u32,
+    pub emulate_fma: bool,
+}
+
 /// `out[i,j] (+)= Σ_k lhs[i,k]·rhs[k,j] (+ bias[j])`, all layouts explicit.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
-    lhs: &Tensor<A>,
-    lo: StridedView,
-    rhs: &Tensor<B>,
-    ro: StridedView,
-    bias: &Tensor<B>,
-    bias_off: u32,
-    bias_stride: u32,
-    out: &mut Tensor<O>,
-    oo: StridedView,
-    m: u32,
-    k: u32,
-    n: u32,
-    #[comptime] has_bias: bool,
-    #[comptime] accumulate: bool,
-    #[comptime] skip_zero: u32,
-    #[comptime] emulate_fma: bool,
+    ab: &Operands<A, B>,
+    out: &mut MatArg<O>,
+    sizes: Mkn,
+    #[comptime] cfg: FmaCfg,
     #[define(A, B, O)] _dtypes: [StorageType; 3],
 ) {
-    let m = m as usize;
-    let k = k as usize;
-    let n = n as usize;
+    let (has_bias, accumulate, skip_zero, emulate_fma) = (
+        comptime![cfg.has_bias],
+        comptime![cfg.accumulate],
+        comptime![cfg.skip_zero],
+        comptime![cfg.emulate_fma],
+    );
+    let m = sizes.m as usize;
+    let k = sizes.k as usize;
+    let n = sizes.n as usize;
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     let row0 = CUBE_POS_X as usize * FMA_BM;
     let col0 = CUBE_POS_Y as usize * FMA_BN;
-    let o_off = oo.offset as usize;
-    let o_s0 = oo.s0 as usize;
-    let o_s1 = oo.s1 as usize;
+    let o_off = out.view.offset as usize;
+    let o_s0 = out.view.s0 as usize;
+    let o_s1 = out.view.s1 as usize;
 
     let mut acc = Array::<f32>::new(FMA_MICRO * FMA_MICRO);
     #[unroll]
@@ -265,7 +270,7 @@ pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
                 let row = row0 + ty + r * FMA_THREADS;
                 let col = col0 + tx + c * FMA_THREADS;
                 if row < m && col < n {
-                    v = f32::cast_from(out[o_off + row * o_s0 + col * o_s1]);
+                    v = f32::cast_from(out.buf[o_off + row * o_s0 + col * o_s1]);
                 }
             }
             acc[r * FMA_MICRO + c] = v;
@@ -273,10 +278,10 @@ pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
     }
 
     fma_block::<A, B>(
-        lhs,
-        &lo,
-        rhs,
-        &ro,
+        &ab.lhs.buf,
+        &ab.lhs.view,
+        &ab.rhs.buf,
+        &ab.rhs.view,
         m,
         k,
         n,
@@ -296,9 +301,11 @@ pub(crate) fn gemm_fma_kernel<A: Float, B: Float, O: Float>(
             if row < m && col < n {
                 let mut v = acc[r * FMA_MICRO + c];
                 if comptime![has_bias] {
-                    v += f32::cast_from(bias[bias_off as usize + col * bias_stride as usize]);
+                    v += f32::cast_from(
+                        ab.bias.buf[ab.bias.offset as usize + col * ab.bias.stride as usize],
+                    );
                 }
-                out[o_off + row * o_s0 + col * o_s1] = O::cast_from(v);
+                out.buf[o_off + row * o_s0 + col * o_s1] = O::cast_from(v);
             }
         }
     }
@@ -456,29 +463,26 @@ fn launch_fma_grid<R: Runtime>(
         out,
     } = ops;
     let (gx, gy) = check_grid(client, "out", m.div_ceil(FMA_BM), n.div_ceil(FMA_BN))?;
-    let ([m32, k32, n32], (bias_buf, bias_off, bias_stride)) =
-        gemm_scalars(m, k, n, rhs, bias.as_ref())?;
+    let ([m, k, n], (bias_buf, bias_off, bias_stride)) = gemm_scalars(m, k, n, rhs, bias.as_ref())?;
+    let cfg = FmaCfg {
+        has_bias: bias.is_some(),
+        accumulate,
+        skip_zero,
+        emulate_fma: fma_mode(client) == FmaMode::Emulated,
+    };
     unsafe {
         gemm_fma_kernel::launch_unchecked::<R>(
             client,
             CubeCount::Static(gx, gy, 1),
             CubeDim::new_2d(FMA_THREADS as u32, FMA_THREADS as u32),
-            raw_arg(lhs.buf),
-            lhs.launch(),
-            raw_arg(rhs.buf),
-            rhs.launch(),
-            raw_arg(bias_buf),
-            bias_off,
-            bias_stride,
-            raw_arg(out.buf),
-            out.launch(),
-            m32,
-            k32,
-            n32,
-            bias.is_some(),
-            accumulate,
-            skip_zero,
-            fma_mode(client) == FmaMode::Emulated,
+            OperandsLaunch::new(
+                lhs.arg(),
+                rhs.arg(),
+                VecArgLaunch::new(raw_arg(bias_buf), bias_off, bias_stride),
+            ),
+            out.arg(),
+            MknLaunch::new(m, k, n),
+            cfg,
             [lhs.dtype, rhs.dtype, out.dtype],
         );
     }

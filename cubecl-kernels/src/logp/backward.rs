@@ -4,10 +4,12 @@
 
 use super::inputs::tensor_core_choice;
 use super::inputs::{
-    Checked, LogpGradRefs, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
+    Checked, LogpGradRefs, LogpInputRefs, check_inputs, check_workspace, ignore_scalar, linear,
     linear_logp_backward_workspace_len, view,
 };
-use super::logits::{dz_value, logits_block, row_gradients};
+use super::logits::{
+    DzInputs, DzInputsLaunch, Linear, LogpCfg, dz_value, logits_block, row_gradients,
+};
 use super::tc_backward::{Accumulators, tc_backward};
 use super::workspace::{HalfLayout, dw_chunk_rows};
 use crate::consts::{
@@ -18,7 +20,7 @@ use crate::gemm::args::{GemmOperands, Mat, Vec1};
 use crate::gemm::cast::launch_cast_2d;
 use crate::gemm::col_sum::launch_col_sum;
 use crate::gemm::fma::{FmaMode, SKIP_NONE, SKIP_ZERO_LHS, fma_mode, launch_fma};
-use crate::gemm::view::StridedView;
+use crate::gemm::view::MatArgLaunch;
 use crate::util::{
     FloatDType, View, check_grid, check_out_view, check_view, chunks, expect_shape, raw_arg, to_u32,
 };
@@ -323,33 +325,30 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
                 self.client,
                 CubeCount::Static(gx, gy, 1),
                 CubeDim::new_2d(FMA_THREADS as u32, FMA_THREADS as u32),
-                raw_arg(self.inputs.hidden),
-                view(c.hv.stride(0), c.hv.stride(1), 0),
-                raw_arg(self.inputs.weight),
-                view(c.wv.stride(1), c.wv.stride(0), 0),
-                raw_arg(self.bias.0),
-                0,
-                self.bias.1 as u32,
-                raw_arg(self.inputs.targets),
-                c.tv.stride(0) as u32,
-                raw_arg(self.stats),
-                view(sv.stride(0), sv.stride(1), 0),
-                raw_arg(self.grad),
-                view(gv.stride(0), gv.stride(1), 0),
-                raw_arg(self.workspace),
-                self.cols_c as u32,
-                k.rs as u32,
-                k.rh as u32,
-                k.cs as u32,
-                k.ch as u32,
-                c.d as u32,
-                c.v as u32,
-                ignore_scalar(c),
-                c.inv_t,
-                self.db.is_some(),
-                c.ignore.is_some(),
-                c.entropy,
-                self.emulate_fma,
+                linear(self.inputs, c, self.bias.0, self.bias.1),
+                DzInputsLaunch::new(
+                    raw_arg(self.inputs.targets),
+                    c.tv.stride(0) as u32,
+                    MatArgLaunch::new(raw_arg(self.stats), view(sv.stride(0), sv.stride(1), 0)),
+                    MatArgLaunch::new(raw_arg(self.grad), view(gv.stride(0), gv.stride(1), 0)),
+                ),
+                DzScratchLaunch::new(raw_arg(self.workspace), self.cols_c as u32),
+                DzScalarsLaunch::new(
+                    k.rs as u32,
+                    k.rh as u32,
+                    k.cs as u32,
+                    k.ch as u32,
+                    c.d as u32,
+                    c.v as u32,
+                    ignore_scalar(c),
+                    c.inv_t,
+                ),
+                LogpCfg {
+                    has_bias: self.db.is_some(),
+                    has_ignore: c.ignore.is_some(),
+                    entropy: c.entropy,
+                    emulate_fma: self.emulate_fma,
+                },
                 [c.dt.storage(), c.it.storage()],
             );
         }
@@ -467,41 +466,48 @@ fn zero_fill<R: Runtime>(
     launch_fma(client, &ops, [m, 0, n], false, SKIP_NONE)
 }
 
+/// The dz scratch: `buf[(row − row_start)·stride + (col − col_start)]`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DzScratch {
+    pub buf: Tensor<f32>,
+    pub stride: u32,
+}
+
+/// The dz kernel's chunk (`row_start`, `rows_here`, `col_start`, `cols_here`), `d`, `v`, the
+/// ignore index and `1 / temperature`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DzScalars {
+    pub row_start: u32,
+    pub rows_here: u32,
+    pub col_start: u32,
+    pub cols_here: u32,
+    pub d: u32,
+    pub v: u32,
+    pub ignore: InputScalar,
+    pub inv_t: f32,
+}
+
 /// Backward: recompute the logits block, temper it, and write its `dz` (`dz_value`) into the f32
 /// scratch. Ignored rows drop the `g_logp` and `g_ent` parts. Rows whose upstream gradients are all
 /// zero get `dz = 0` exactly (so they contribute nothing, even if their logits are NaN/Inf).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
-    hidden: &Tensor<F>,
-    ho: StridedView,
-    weight: &Tensor<F>,
-    wo: StridedView,
-    bias: &Tensor<F>,
-    bias_off: u32,
-    bias_stride: u32,
-    targets: &Tensor<I>,
-    t_stride: u32,
-    stats: &Tensor<f32>,
-    so: StridedView,
-    grad: &Tensor<f32>,
-    go: StridedView,
-    dz: &mut Tensor<f32>,
-    dz_stride: u32,
-    row_start: u32,
-    rows_here: u32,
-    col_start: u32,
-    cols_here: u32,
-    d: u32,
-    v: u32,
-    ignore: InputScalar,
-    inv_t: f32,
-    #[comptime] has_bias: bool,
-    #[comptime] has_ignore: bool,
-    #[comptime] entropy: bool,
-    #[comptime] emulate_fma: bool,
+    lin: &Linear<F>,
+    ins: &DzInputs<I>,
+    dz: &mut DzScratch,
+    sc: DzScalars,
+    #[comptime] cfg: LogpCfg,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
+    let (has_bias, has_ignore, entropy, emulate_fma) = (
+        comptime![cfg.has_bias],
+        comptime![cfg.has_ignore],
+        comptime![cfg.entropy],
+        comptime![cfg.emulate_fma],
+    );
+    let (row_start, rows_here, col_start, cols_here) =
+        (sc.row_start, sc.rows_here, sc.col_start, sc.cols_here);
+    let (d, v, ignore, inv_t) = (sc.d, sc.v, sc.ignore, sc.inv_t);
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     let rs = row_start as usize;
@@ -513,13 +519,13 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
 
     let mut acc = Array::<f32>::new(FMA_MICRO * FMA_MICRO);
     logits_block::<F>(
-        hidden,
-        &ho,
-        weight,
-        &wo,
-        bias,
-        bias_off,
-        bias_stride,
+        &lin.hidden.buf,
+        &lin.hidden.view,
+        &lin.weight.buf,
+        &lin.weight.view,
+        &lin.bias.buf,
+        lin.bias.offset,
+        lin.bias.stride,
         m_end,
         d as usize,
         n_end,
@@ -534,14 +540,22 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
     for r in 0..FMA_MICRO {
         let row = row0 + ty + r * FMA_THREADS;
         if row < m_end {
-            let sbase = so.offset as usize + row * so.s0 as usize;
-            let lse = stats[sbase + so.s1 as usize];
+            let sbase = ins.stats.view.offset as usize + row * ins.stats.view.s0 as usize;
+            let lse = ins.stats.buf[sbase + ins.stats.view.s1 as usize];
             let mut ent = 0.0f32;
             if comptime![entropy] {
-                ent = stats[sbase + 2 * so.s1 as usize];
+                ent = ins.stats.buf[sbase + 2 * ins.stats.view.s1 as usize];
             }
             let (gl, g_lse, g_ent, tgt, zero_row) = row_gradients::<I>(
-                targets, t_stride, grad, &go, row, v, ignore, has_ignore, entropy,
+                &ins.targets,
+                ins.t_stride,
+                &ins.grad.buf,
+                &ins.grad.view,
+                row,
+                v,
+                ignore,
+                has_ignore,
+                entropy,
             );
             let has_tgt = tgt >= 0i32;
             let tgt_u = usize::cast_from(select(has_tgt, tgt, 0i32));
@@ -552,7 +566,7 @@ pub(crate) fn logp_dz_kernel<F: Float, I: Int>(
                     let z = acc[r * FMA_MICRO + c] * inv_t;
                     let is_target = has_tgt && col == tgt_u;
                     let val = dz_value(z, lse, ent, gl, g_lse, g_ent, is_target, inv_t, entropy);
-                    dz[(row - rs) * dz_stride as usize + (col - cs)] =
+                    dz.buf[(row - rs) * dz.stride as usize + (col - cs)] =
                         select(zero_row, 0.0f32, val);
                 }
             }

@@ -2,12 +2,12 @@
 //! in ascending segment order.
 
 use super::inputs::{
-    Checked, LogpInputRefs, check_inputs, check_workspace, ignore_scalar,
-    linear_logp_forward_workspace_len, linear_logp_num_segments, tensor_core_choice, view,
+    Checked, LogpInputRefs, check_inputs, check_workspace, ignore_scalar, linear,
+    linear_logp_forward_workspace_len, linear_logp_num_segments, targets, tensor_core_choice, view,
 };
 use super::logits::{
-    accumulate, combine_partials, finish_softmax, logits_block, rescale, resolve_target,
-    stage_logits,
+    Linear, LogpCfg, StatsCfg, Targets, accumulate, combine_partials, finish_softmax, logits_block,
+    rescale, resolve_target, stage_logits,
 };
 use super::tc_forward::tc_forward_partials;
 use super::workspace::partials_len;
@@ -16,7 +16,7 @@ use crate::consts::{
 };
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
-use crate::gemm::view::StridedView;
+use crate::gemm::view::{MatArg, MatArgLaunch};
 use crate::util::{View, check_grid, check_out_view, expect_shape, raw_arg, to_u32};
 use cubecl::prelude::*;
 
@@ -94,28 +94,23 @@ fn launch_fma_partials<R: Runtime>(
                 client,
                 CubeCount::Static(gx, gy, 1),
                 CubeDim::new_2d(FMA_THREADS as u32, FMA_THREADS as u32),
-                raw_arg(inputs.hidden),
-                view(c.hv.stride(0), c.hv.stride(1), 0),
-                raw_arg(inputs.weight),
-                // weight viewed as the rhs [D, V]: row stride = along d, column stride = along v
-                view(c.wv.stride(1), c.wv.stride(0), 0),
-                raw_arg(bias_buf),
-                0,
-                bias_stride as u32,
-                raw_arg(inputs.targets),
-                0,
-                c.tv.stride(0) as u32,
+                linear(inputs, c, bias_buf, bias_stride),
+                targets(inputs, c),
                 raw_arg(workspace),
-                c.n as u32,
-                c.d as u32,
-                c.v as u32,
-                ignore_scalar(c),
-                c.inv_t,
-                f32::NEG_INFINITY,
-                inputs.bias.is_some(),
-                c.ignore.is_some(),
-                c.entropy,
-                fma_mode(client) == FmaMode::Emulated,
+                PartialScalarsLaunch::new(
+                    c.n as u32,
+                    c.d as u32,
+                    c.v as u32,
+                    ignore_scalar(c),
+                    c.inv_t,
+                    f32::NEG_INFINITY,
+                ),
+                LogpCfg {
+                    has_bias: inputs.bias.is_some(),
+                    has_ignore: c.ignore.is_some(),
+                    entropy: c.entropy,
+                    emulate_fma: fma_mode(client) == FmaMode::Emulated,
+                },
                 [f, i],
             );
         }
@@ -141,55 +136,68 @@ fn launch_merge<R: Runtime>(
             CubeCount::Static(gx, 1, 1),
             CubeDim::new_1d(block as u32),
             raw_arg(workspace),
-            raw_arg(inputs.targets),
-            0,
-            c.tv.stride(0) as u32,
-            raw_arg(stats_out),
-            view(sv.stride(0), sv.stride(1), 0),
-            c.n as u32,
-            c.v as u32,
-            num_seg as u32,
-            ignore_scalar(c),
-            f32::NEG_INFINITY,
-            f32::NAN,
-            c.ignore.is_some(),
-            c.entropy,
+            targets(inputs, c),
+            MatArgLaunch::new(raw_arg(stats_out), view(sv.stride(0), sv.stride(1), 0)),
+            MergeScalarsLaunch::new(
+                c.n as u32,
+                c.v as u32,
+                num_seg as u32,
+                ignore_scalar(c),
+                f32::NEG_INFINITY,
+                f32::NAN,
+            ),
+            StatsCfg {
+                has_ignore: c.ignore.is_some(),
+                entropy: c.entropy,
+            },
             c.it.storage(),
         );
     }
     Ok(())
 }
 
+/// The partial kernel's scalars: rows, `d`, `v`, the ignore index, `1 / temperature`, `−∞`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct PartialScalars {
+    pub n_rows: u32,
+    pub d: u32,
+    pub v: u32,
+    pub ignore: InputScalar,
+    pub inv_t: f32,
+    pub neg_inf: f32,
+}
+
+/// The merge kernel's scalars: rows, `v`, segments, the ignore index, `−∞`, NaN.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct MergeScalars {
+    pub n_rows: u32,
+    pub v: u32,
+    pub num_seg: u32,
+    pub ignore: InputScalar,
+    pub neg_inf: f32,
+    pub nan: f32,
+}
+
 /// Forward pass 1: cube (row block, vocab segment) walks the segment's vocab tiles in ascending
 /// order with an online softmax per row and writes `(max, sum-exp, target logit)` partials.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
-    hidden: &Tensor<F>,
-    ho: StridedView,
-    weight: &Tensor<F>,
-    wo: StridedView,
-    bias: &Tensor<F>,
-    bias_off: u32,
-    bias_stride: u32,
-    targets: &Tensor<I>,
-    t_off: u32,
-    t_stride: u32,
+    lin: &Linear<F>,
+    targets: &Targets<I>,
     partial: &mut Tensor<f32>,
-    n_rows: u32,
-    d: u32,
-    v: u32,
-    ignore: InputScalar,
-    inv_t: f32,
-    neg_inf: f32,
-    #[comptime] has_bias: bool,
-    #[comptime] has_ignore: bool,
-    #[comptime] entropy: bool,
-    #[comptime] emulate_fma: bool,
+    sc: PartialScalars,
+    #[comptime] cfg: LogpCfg,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
-    let n = n_rows as usize;
-    let dd = d as usize;
+    let (has_bias, has_ignore, entropy, emulate_fma) = (
+        comptime![cfg.has_bias],
+        comptime![cfg.has_ignore],
+        comptime![cfg.entropy],
+        comptime![cfg.emulate_fma],
+    );
+    let (v, inv_t, neg_inf) = (sc.v, sc.inv_t, sc.neg_inf);
+    let n = sc.n_rows as usize;
+    let dd = sc.d as usize;
     let vv = v as usize;
     let tid = UNIT_POS_Y as usize * FMA_THREADS + UNIT_POS_X as usize;
     let row0 = CUBE_POS_X as usize * LOGP_ROWS;
@@ -204,9 +212,9 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
     let mut tgt = i32::from_int(-2);
     if row_ok {
         tgt = resolve_target::<I>(
-            targets[t_off as usize + my_row * t_stride as usize],
+            targets.buf[targets.offset as usize + my_row * targets.stride as usize],
             v,
-            ignore.get::<I>(),
+            sc.ignore.get::<I>(),
             has_ignore,
         );
     }
@@ -223,13 +231,13 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
     for t in 0..num_tiles {
         let j0 = seg_start + t * LOGP_VOCAB_TILE;
         logits_block::<F>(
-            hidden,
-            &ho,
-            weight,
-            &wo,
-            bias,
-            bias_off,
-            bias_stride,
+            &lin.hidden.buf,
+            &lin.hidden.view,
+            &lin.weight.buf,
+            &lin.weight.view,
+            &lin.bias.buf,
+            lin.bias.offset,
+            lin.bias.stride,
             n,
             dd,
             seg_end,
@@ -294,31 +302,23 @@ fn online_softmax(
 /// Forward pass 2: one unit per row merges the segment partials in ascending segment order and
 /// writes `stats[row] = (logp, lse[, entropy])`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_merge_kernel<I: Int>(
     partial: &Tensor<f32>,
-    targets: &Tensor<I>,
-    t_off: u32,
-    t_stride: u32,
-    stats: &mut Tensor<f32>,
-    so: StridedView,
-    n_rows: u32,
-    v: u32,
-    num_seg: u32,
-    ignore: InputScalar,
-    neg_inf: f32,
-    nan: f32,
-    #[comptime] has_ignore: bool,
-    #[comptime] entropy: bool,
+    targets: &Targets<I>,
+    stats: &mut MatArg<f32>,
+    sc: MergeScalars,
+    #[comptime] cfg: StatsCfg,
     #[define(I)] _dtype: StorageType,
 ) {
-    let n = n_rows as usize;
+    let (has_ignore, entropy) = (comptime![cfg.has_ignore], comptime![cfg.entropy]);
+    let (v, neg_inf, nan) = (sc.v, sc.neg_inf, sc.nan);
+    let n = sc.n_rows as usize;
     let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     if row < n {
         let mut m = neg_inf;
         let mut s = 0.0f32;
         let mut u = 0.0f32;
-        for seg in 0..num_seg as usize {
+        for seg in 0..sc.num_seg as usize {
             let o = (seg * n + row) * LOGP_PARTIAL_STRIDE;
             let mut ui = 0.0f32;
             if comptime![entropy] {
@@ -332,9 +332,9 @@ pub(crate) fn logp_merge_kernel<I: Int>(
         }
         let (lse, ent) = finish_softmax(m, s, u);
         let tgt = resolve_target::<I>(
-            targets[t_off as usize + row * t_stride as usize],
+            targets.buf[targets.offset as usize + row * targets.stride as usize],
             v,
-            ignore.get::<I>(),
+            sc.ignore.get::<I>(),
             has_ignore,
         );
         let mut logp = nan;
@@ -345,11 +345,11 @@ pub(crate) fn logp_merge_kernel<I: Int>(
             let tl = partial[(seg_t * n + row) * LOGP_PARTIAL_STRIDE + 2];
             logp = tl - lse;
         }
-        let base = so.offset as usize + row * so.s0 as usize;
-        stats[base] = logp;
-        stats[base + so.s1 as usize] = lse;
+        let base = stats.view.offset as usize + row * stats.view.s0 as usize;
+        stats.buf[base] = logp;
+        stats.buf[base + stats.view.s1 as usize] = lse;
         if comptime![entropy] {
-            stats[base + 2 * so.s1 as usize] = select(tgt == -1i32, 0.0f32, ent);
+            stats.buf[base + 2 * stats.view.s1 as usize] = select(tgt == -1i32, 0.0f32, ent);
         }
     }
 }

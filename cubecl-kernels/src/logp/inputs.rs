@@ -1,5 +1,6 @@
 //! What both directions take: the input bindings, their checks, and the workspace sizes.
 
+use super::logits::{LinearLaunch, TargetsLaunch};
 pub use super::workspace::linear_logp_num_segments;
 use super::workspace::{HalfLayout, is_half, partials_len, tc_forward_scratch_len};
 use crate::consts::{
@@ -7,10 +8,10 @@ use crate::consts::{
     TC_FWD_VOCAB,
 };
 use crate::error::KernelError;
-use crate::gemm::view::StridedViewLaunch;
+use crate::gemm::view::{MatArgLaunch, StridedViewLaunch, VecArgLaunch};
 use crate::util::{
     FloatDType, IndexDType, View, check_out_view, check_runtime_dtype, check_view, expect_shape,
-    to_u32,
+    raw_arg, to_u32,
 };
 use cubecl::prelude::*;
 
@@ -262,6 +263,35 @@ pub(crate) fn check_workspace<R: Runtime>(
 
 pub(crate) fn ignore_scalar(c: &Checked) -> InputScalar {
     InputScalar::new(c.ignore.unwrap_or(0), c.it.storage())
+}
+
+/// The linear layer as a kernel argument: `hidden`, `weight` viewed as the rhs `[D, V]` (row
+/// stride along d, column stride along v), `bias` (or the stand-in `bias_buf` with stride 0).
+pub(crate) fn linear<F: Float, R: Runtime>(
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    bias_buf: &TensorBinding<R>,
+    bias_stride: usize,
+) -> LinearLaunch<F, R> {
+    LinearLaunch::new(
+        MatArgLaunch::new(
+            raw_arg(inputs.hidden),
+            view(c.hv.stride(0), c.hv.stride(1), 0),
+        ),
+        MatArgLaunch::new(
+            raw_arg(inputs.weight),
+            view(c.wv.stride(1), c.wv.stride(0), 0),
+        ),
+        VecArgLaunch::new(raw_arg(bias_buf), 0, bias_stride as u32),
+    )
+}
+
+/// The targets as a kernel argument (from row 0).
+pub(crate) fn targets<I: Int, R: Runtime>(
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+) -> TargetsLaunch<I, R> {
+    TargetsLaunch::new(raw_arg(inputs.targets), 0, c.tv.stride(0) as u32)
 }
 
 /// A strided view for a kernel argument.

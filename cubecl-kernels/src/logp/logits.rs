@@ -4,8 +4,59 @@
 
 use crate::consts::{FMA_MICRO, FMA_THREADS, LOGP_VOCAB_TILE};
 use crate::gemm::fma::{SKIP_NONE, fma_block};
-use crate::gemm::view::StridedView;
+use crate::gemm::view::{MatArg, StridedView, VecArg};
 use cubecl::prelude::*;
+
+/// The linear layer whose logits both directions recompute: `hidden [N, D]`, `weight` viewed as
+/// the rhs `[D, V]`, `bias` (the weight stands in, never read, without one).
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct Linear<F: Float> {
+    pub hidden: MatArg<F>,
+    pub weight: MatArg<F>,
+    pub bias: VecArg<F>,
+}
+
+/// The targets: row `i`'s at `buf[offset + i·stride]`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct Targets<I: Int> {
+    pub buf: Tensor<I>,
+    pub offset: u32,
+    pub stride: u32,
+}
+
+/// Targets of a chunk's rows: row `i`'s at `buf[i·stride]`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct RowTargets<I: Int> {
+    pub buf: Tensor<I>,
+    pub stride: u32,
+}
+
+/// The compile-time switches of the kernels that take no layer: an ignore index, the entropy.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct StatsCfg {
+    pub has_ignore: bool,
+    pub entropy: bool,
+}
+
+/// The targets, the forward's `stats` and the upstream gradient of the backward kernels:
+/// `targets[row·t_stride]`, `stats` and `grad` with their views.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DzInputs<I: Int> {
+    pub targets: Tensor<I>,
+    pub t_stride: u32,
+    pub stats: MatArg<f32>,
+    pub grad: MatArg<f32>,
+}
+
+/// The compile-time switches of the FMA logits kernels: a bias, an ignore index, the entropy,
+/// `fma` emulated.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct LogpCfg {
+    pub has_bias: bool,
+    pub has_ignore: bool,
+    pub entropy: bool,
+    pub emulate_fma: bool,
+}
 
 /// Resolved target: `t` in `[0, v)` → `t`; `t == ignore` → -1; anything else → -2.
 /// The comparisons happen in the target's own integer type, so i64 targets outside the i32

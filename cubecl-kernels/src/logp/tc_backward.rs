@@ -9,14 +9,14 @@
 
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar, view};
-use super::logits::{dz_value, row_gradients};
+use super::logits::{DzInputs, DzInputsLaunch, StatsCfg, dz_value, row_gradients};
 use super::tc_forward::logits_chunk;
 use super::workspace::TcScratch;
 use crate::consts::{TC_BWD_ROWS, TC_BWD_VOCAB};
 use crate::error::KernelError;
 use crate::gemm::args::{GemmOperands, Mat, Vec1};
 use crate::gemm::col_sum::launch_col_sum;
-use crate::gemm::view::StridedView;
+use crate::gemm::view::{MatArg, MatArgLaunch};
 use crate::util::{FloatDType, View, check_grid, chunks, raw_arg, to_u32};
 use cubecl::prelude::*;
 
@@ -127,20 +127,24 @@ fn launch_mask_hidden<R: Runtime>(
             client,
             CubeCount::Static(gx, gy, 1),
             CubeDim::new_1d(EW_UNITS as u32),
-            raw_arg(inputs.hidden),
-            view(c.hv.stride(0), c.hv.stride(1), 0),
-            raw_arg(inputs.targets),
-            c.tv.stride(0) as u32,
-            raw_arg(g.grad.0),
-            view(gv.stride(0), gv.stride(1), 0),
-            raw_arg(workspace),
-            to_u32("workspace", "offset", 2 * scratch.hidden_half)?,
-            rs as u32,
-            c.d as u32,
-            c.v as u32,
-            g.ignore,
-            c.ignore.is_some(),
-            c.entropy,
+            MaskInputsLaunch::new(
+                MatArgLaunch::new(
+                    raw_arg(inputs.hidden),
+                    view(c.hv.stride(0), c.hv.stride(1), 0),
+                ),
+                raw_arg(inputs.targets),
+                c.tv.stride(0) as u32,
+                MatArgLaunch::new(raw_arg(g.grad.0), view(gv.stride(0), gv.stride(1), 0)),
+            ),
+            ScratchLaunch::new(
+                raw_arg(workspace),
+                to_u32("workspace", "offset", 2 * scratch.hidden_half)?,
+            ),
+            MaskScalarsLaunch::new(rs as u32, c.d as u32, c.v as u32, g.ignore),
+            StatsCfg {
+                has_ignore: c.ignore.is_some(),
+                entropy: c.entropy,
+            },
             [c.dt.storage(), c.it.storage()],
         );
     }
@@ -167,64 +171,114 @@ fn launch_dz<R: Runtime>(
             client,
             CubeCount::Static(gx, gy, 1),
             CubeDim::new_1d(EW_UNITS as u32),
-            raw_arg(workspace),
-            to_u32("workspace", "offset", scratch.z)?,
-            raw_arg(workspace),
-            to_u32("workspace", "offset", 2 * scratch.dz_half)?,
-            ld as u32,
-            raw_arg(inputs.targets),
-            c.tv.stride(0) as u32,
-            raw_arg(g.stats.0),
-            view(sv.stride(0), sv.stride(1), 0),
-            raw_arg(g.grad.0),
-            view(gv.stride(0), gv.stride(1), 0),
-            rs as u32,
-            cs as u32,
-            ch as u32,
-            c.v as u32,
-            g.ignore,
-            c.inv_t,
-            c.ignore.is_some(),
-            c.entropy,
+            DzChunkLaunch::new(
+                raw_arg(workspace),
+                to_u32("workspace", "offset", scratch.z)?,
+                raw_arg(workspace),
+                to_u32("workspace", "offset", 2 * scratch.dz_half)?,
+                ld as u32,
+            ),
+            DzInputsLaunch::new(
+                raw_arg(inputs.targets),
+                c.tv.stride(0) as u32,
+                MatArgLaunch::new(raw_arg(g.stats.0), view(sv.stride(0), sv.stride(1), 0)),
+                MatArgLaunch::new(raw_arg(g.grad.0), view(gv.stride(0), gv.stride(1), 0)),
+            ),
+            DzChunkScalarsLaunch::new(
+                rs as u32, cs as u32, ch as u32, c.v as u32, g.ignore, c.inv_t,
+            ),
+            StatsCfg {
+                has_ignore: c.ignore.is_some(),
+                entropy: c.entropy,
+            },
             [c.dt.storage(), c.it.storage()],
         );
     }
     Ok(())
 }
 
+/// The mask kernel's inputs: `hidden` and its view, the targets (`targets[row·t_stride]`), the
+/// upstream gradient and its view.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct MaskInputs<F: Float, I: Int> {
+    pub hidden: MatArg<F>,
+    pub targets: Tensor<I>,
+    pub t_stride: u32,
+    pub grad: MatArg<f32>,
+}
+
+/// A written block of the scratch from `buf[offset]` on.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct Scratch<F: Float> {
+    pub buf: Tensor<F>,
+    pub offset: u32,
+}
+
+/// The mask kernel's scalars: the chunk's first row, `d`, `v`, the ignore index.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct MaskScalars {
+    pub row_start: u32,
+    pub d: u32,
+    pub v: u32,
+    pub ignore: InputScalar,
+}
+
+/// The chunk `dz` is computed in: the f32 logits `z` (overwritten by `dz`) at `z_off`, `dz_half`
+/// at `dzh_off`, both with row pitch `ld`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DzChunk<F: Float> {
+    pub z: Tensor<f32>,
+    pub z_off: u32,
+    pub dz_half: Tensor<F>,
+    pub dzh_off: u32,
+    pub ld: u32,
+}
+
+/// The dz-from-logits kernel's scalars: the chunk (`row_start`, `col_start`, `cols_here`), `v`,
+/// the ignore index, `1 / temperature`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DzChunkScalars {
+    pub row_start: u32,
+    pub col_start: u32,
+    pub cols_here: u32,
+    pub v: u32,
+    pub ignore: InputScalar,
+    pub inv_t: f32,
+}
+
 /// Cube (column block, row of the chunk): `hidden_half[r, d]` for its columns.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_mask_hidden_kernel<F: Float, I: Int>(
-    hidden: &Tensor<F>,
-    ho: StridedView,
-    targets: &Tensor<I>,
-    t_stride: u32,
-    grad: &Tensor<f32>,
-    go: StridedView,
-    out: &mut Tensor<F>,
-    out_off: u32,
-    row_start: u32,
-    d: u32,
-    v: u32,
-    ignore: InputScalar,
-    #[comptime] has_ignore: bool,
-    #[comptime] entropy: bool,
+    ins: &MaskInputs<F, I>,
+    out: &mut Scratch<F>,
+    sc: MaskScalars,
+    #[comptime] cfg: StatsCfg,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
+    let (has_ignore, entropy) = (comptime![cfg.has_ignore], comptime![cfg.entropy]);
+    let ho = &ins.hidden.view;
     let r = CUBE_POS_Y as usize;
-    let row = row_start as usize + r;
+    let row = sc.row_start as usize + r;
     let (_, _, _, _, zero_row) = row_gradients::<I>(
-        targets, t_stride, grad, &go, row, v, ignore, has_ignore, entropy,
+        &ins.targets,
+        ins.t_stride,
+        &ins.grad.buf,
+        &ins.grad.view,
+        row,
+        sc.v,
+        sc.ignore,
+        has_ignore,
+        entropy,
     );
-    let dd = d as usize;
+    let dd = sc.d as usize;
     let c0 = CUBE_POS_X as usize * EW_UNITS * EW_PER_UNIT + UNIT_POS_X as usize;
     #[unroll]
     for q in 0..EW_PER_UNIT {
         let col = c0 + q * EW_UNITS;
         if col < dd {
-            let x = hidden[ho.offset as usize + row * ho.s0 as usize + col * ho.s1 as usize];
-            out[out_off as usize + r * dd + col] = select(zero_row, F::new(0.0), x);
+            let x =
+                ins.hidden.buf[ho.offset as usize + row * ho.s0 as usize + col * ho.s1 as usize];
+            out.buf[out.offset as usize + r * dd + col] = select(zero_row, F::new(0.0), x);
         }
     }
 }
@@ -233,55 +287,51 @@ pub(crate) fn logp_mask_hidden_kernel<F: Float, I: Int>(
 /// where the upstream gradients are all zero; written over the logits (f32) and rounded once into
 /// `dz_half`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_dz_from_logits_kernel<F: Float, I: Int>(
-    z: &mut Tensor<f32>,
-    z_off: u32,
-    dz_half: &mut Tensor<F>,
-    dzh_off: u32,
-    ld: u32,
-    targets: &Tensor<I>,
-    t_stride: u32,
-    stats: &Tensor<f32>,
-    so: StridedView,
-    grad: &Tensor<f32>,
-    go: StridedView,
-    row_start: u32,
-    col_start: u32,
-    cols_here: u32,
-    v: u32,
-    ignore: InputScalar,
-    inv_t: f32,
-    #[comptime] has_ignore: bool,
-    #[comptime] entropy: bool,
+    outs: &mut DzChunk<F>,
+    ins: &DzInputs<I>,
+    sc: DzChunkScalars,
+    #[comptime] cfg: StatsCfg,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
+    let (has_ignore, entropy) = (comptime![cfg.has_ignore], comptime![cfg.entropy]);
+    let (z_off, dzh_off, ld) = (outs.z_off, outs.dzh_off, outs.ld);
+    let (col_start, inv_t) = (sc.col_start, sc.inv_t);
+    let so = &ins.stats.view;
     let r = CUBE_POS_Y as usize;
-    let row = row_start as usize + r;
+    let row = sc.row_start as usize + r;
     let (gl, g_lse, g_ent, tgt, zero_row) = row_gradients::<I>(
-        targets, t_stride, grad, &go, row, v, ignore, has_ignore, entropy,
+        &ins.targets,
+        ins.t_stride,
+        &ins.grad.buf,
+        &ins.grad.view,
+        row,
+        sc.v,
+        sc.ignore,
+        has_ignore,
+        entropy,
     );
     let sbase = so.offset as usize + row * so.s0 as usize;
-    let lse = stats[sbase + so.s1 as usize];
+    let lse = ins.stats.buf[sbase + so.s1 as usize];
     let mut ent = 0.0f32;
     if comptime![entropy] {
-        ent = stats[sbase + 2 * so.s1 as usize];
+        ent = ins.stats.buf[sbase + 2 * so.s1 as usize];
     }
     let has_tgt = tgt >= 0i32;
     let tgt_local = select(has_tgt, tgt - i32::cast_from(col_start), -1i32);
     let c0 = CUBE_POS_X as usize * EW_UNITS * EW_PER_UNIT + UNIT_POS_X as usize;
-    let ch = cols_here as usize;
+    let ch = sc.cols_here as usize;
     #[unroll]
     for q in 0..EW_PER_UNIT {
         let col = c0 + q * EW_UNITS;
         if col < ch {
             let at = r * ld as usize + col;
-            let zt = z[z_off as usize + at] * inv_t;
+            let zt = outs.z[z_off as usize + at] * inv_t;
             let is_target = i32::cast_from(col) == tgt_local;
             let val = dz_value(zt, lse, ent, gl, g_lse, g_ent, is_target, inv_t, entropy);
             let val = select(zero_row, 0.0f32, val);
-            z[z_off as usize + at] = val;
-            dz_half[dzh_off as usize + at] = F::cast_from(val);
+            outs.z[z_off as usize + at] = val;
+            outs.dz_half[dzh_off as usize + at] = F::cast_from(val);
         }
     }
 }

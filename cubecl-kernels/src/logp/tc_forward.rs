@@ -4,7 +4,9 @@
 
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar};
-use super::logits::{accumulate, combine_partials, rescale, resolve_target};
+use super::logits::{
+    RowTargets, RowTargetsLaunch, StatsCfg, accumulate, combine_partials, rescale, resolve_target,
+};
 use crate::consts::{
     LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, SCAN_BATCH, SCAN_LANES, SCAN_ROWS, TC_FWD_ROWS,
     TC_FWD_VOCAB,
@@ -116,27 +118,55 @@ fn launch_scan<R: Runtime>(
             client,
             CubeCount::Static(gx, gy, 1),
             CubeDim::new_2d(SCAN_LANES as u32, SCAN_ROWS as u32),
+            LogitsChunkLaunch::new(
+                raw_arg(workspace),
+                to_u32("workspace", "offset", scratch_offset)?,
+                ld as u32,
+            ),
+            RowTargetsLaunch::new(raw_arg(inputs.targets), c.tv.stride(0) as u32),
             raw_arg(workspace),
-            to_u32("workspace", "offset", scratch_offset)?,
-            ld as u32,
-            raw_arg(inputs.targets),
-            c.tv.stride(0) as u32,
-            raw_arg(workspace),
-            c.n as u32,
-            rs as u32,
-            rh as u32,
-            cs as u32,
-            ch as u32,
-            c.v as u32,
-            ignore_scalar(c),
-            c.inv_t,
-            f32::NEG_INFINITY,
-            c.ignore.is_some(),
-            c.entropy,
+            ScanScalarsLaunch::new(
+                c.n as u32,
+                rs as u32,
+                rh as u32,
+                cs as u32,
+                ch as u32,
+                c.v as u32,
+                ignore_scalar(c),
+                c.inv_t,
+                f32::NEG_INFINITY,
+            ),
+            StatsCfg {
+                has_ignore: c.ignore.is_some(),
+                entropy: c.entropy,
+            },
             c.it.storage(),
         );
     }
     Ok(())
+}
+
+/// A chunk of logits in the scratch: row `r`, column `c` at `buf[offset + r·ld + c]`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct LogitsChunk {
+    pub buf: Tensor<f32>,
+    pub offset: u32,
+    pub ld: u32,
+}
+
+/// The scan kernel's scalars: rows, the chunk (`row_start`, `rows_here`, `col_start`,
+/// `cols_here`), `v`, the ignore index, `1 / temperature`, `−∞`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct ScanScalars {
+    pub n_rows: u32,
+    pub row_start: u32,
+    pub rows_here: u32,
+    pub col_start: u32,
+    pub cols_here: u32,
+    pub v: u32,
+    pub ignore: InputScalar,
+    pub inv_t: f32,
+    pub neg_inf: f32,
 }
 
 /// Scan of one (row, segment) of a logits chunk: each of the row's `SCAN_LANES` units runs an
@@ -145,27 +175,19 @@ fn launch_scan<R: Runtime>(
 /// a fixed binary tree; the first unit writes the segment partial. The order is a function of the
 /// segment alone.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn logp_scan_kernel<I: Int>(
-    logits: &Tensor<f32>,
-    z_off: u32,
-    ld: u32,
-    targets: &Tensor<I>,
-    t_stride: u32,
+    chunk: &LogitsChunk,
+    targets: &RowTargets<I>,
     partial: &mut Tensor<f32>,
-    n_rows: u32,
-    row_start: u32,
-    rows_here: u32,
-    col_start: u32,
-    cols_here: u32,
-    v: u32,
-    ignore: InputScalar,
-    inv_t: f32,
-    neg_inf: f32,
-    #[comptime] has_ignore: bool,
-    #[comptime] entropy: bool,
+    sc: ScanScalars,
+    #[comptime] cfg: StatsCfg,
     #[define(I)] _dtype: StorageType,
 ) {
+    let (has_ignore, entropy) = (comptime![cfg.has_ignore], comptime![cfg.entropy]);
+    let (z_off, ld, n_rows) = (chunk.offset, chunk.ld, sc.n_rows);
+    let (row_start, rows_here, col_start, cols_here) =
+        (sc.row_start, sc.rows_here, sc.col_start, sc.cols_here);
+    let (v, ignore, inv_t, neg_inf) = (sc.v, sc.ignore, sc.inv_t, sc.neg_inf);
     let lane = UNIT_POS_X as usize;
     let ry = UNIT_POS_Y as usize;
     let rs = row_start as usize;
@@ -193,7 +215,7 @@ pub(crate) fn logp_scan_kernel<I: Int>(
                 let col = c0 + b * SCAN_LANES;
                 let mut z = neg_inf;
                 if col < seg1 {
-                    z = logits[zbase + col] * inv_t;
+                    z = chunk.buf[zbase + col] * inv_t;
                 }
                 vals[b] = z;
                 tmax = select(z > tmax, z, tmax);
@@ -211,7 +233,7 @@ pub(crate) fn logp_scan_kernel<I: Int>(
     if row_ok && lane == 0 {
         let row = rs + local_row;
         let tgt = resolve_target::<I>(
-            targets[row * t_stride as usize],
+            targets.buf[row * targets.stride as usize],
             v,
             ignore.get::<I>(),
             has_ignore,
@@ -222,7 +244,7 @@ pub(crate) fn logp_scan_kernel<I: Int>(
         if tgt >= 0i32 {
             let t = usize::cast_from(tgt);
             if t >= lo && t < hi {
-                t_logit = logits[zbase + t - cs] * inv_t;
+                t_logit = chunk.buf[zbase + t - cs] * inv_t;
             }
         }
         let seg = lo / LOGP_FWD_SEGMENT;

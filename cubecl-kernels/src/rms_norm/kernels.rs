@@ -72,6 +72,99 @@ fn lane_tree(
     (a_s[base], b0)
 }
 
+/// The row kernels' compile-time configuration: the vector width `w` (rows per cube of the
+/// forward and dx kernels), vectors loaded per `batch`, `fma` emulated.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct RowCfg {
+    pub w: usize,
+    pub batch: usize,
+    pub emulate_fma: bool,
+}
+
+/// The forward's inputs: `x` and its view, `gamma` at `g_off + col·g_stride`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct NormInputs<F: Float, N: Size> {
+    pub x: Tensor<Vector<F, N>>,
+    pub xo: StridedView,
+    pub gamma: Tensor<Vector<F, N>>,
+    pub g_off: u32,
+    pub g_stride: u32,
+}
+
+/// A written tensor and its view (the forward's `out`).
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct NormOutput<F: Float, N: Size> {
+    pub out: Tensor<Vector<F, N>>,
+    pub oo: StridedView,
+}
+
+/// The row kernels' sizes: `rows` of this launch, `d` (also as f32) and `eps`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct RowSizes {
+    pub rows: u32,
+    pub d: u32,
+    pub d_f: f32,
+    pub eps: f32,
+}
+
+/// The dx kernel's inputs: `x`, `dy` and their views, `gamma` at `g_off + col·g_stride`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DxInputs<F: Float, N: Size> {
+    pub x: Tensor<Vector<F, N>>,
+    pub xo: StridedView,
+    pub dy: Tensor<Vector<F, N>>,
+    pub dyo: StridedView,
+    pub gamma: Tensor<Vector<F, N>>,
+    pub g_off: u32,
+    pub g_stride: u32,
+}
+
+/// The dx kernel's outputs: `dx` and its view, `r` of each row into `ws[r_off + row]`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct DxOutputs<F: Float, N: Size> {
+    pub dx: Tensor<Vector<F, N>>,
+    pub dxo: StridedView,
+    pub ws: Tensor<f32>,
+    pub r_off: u32,
+}
+
+/// The partials kernel's inputs: `x`, `dy` and their views.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct XDy<F: Float, M: Size> {
+    pub x: Tensor<Vector<F, M>>,
+    pub xo: StridedView,
+    pub dy: Tensor<Vector<F, M>>,
+    pub dyo: StridedView,
+}
+
+/// The partials kernel's sizes: `r` at `ws[r_off + row]`, `rows`, `cubes` = row blocks ·
+/// `tiles`, `d`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct PartialSizes {
+    pub r_off: u32,
+    pub rows: u32,
+    pub cubes: u32,
+    pub tiles: u32,
+    pub d: u32,
+}
+
+/// The block partials: `ws[part_off + block·part_stride + col]` for `blocks` blocks.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct Partials {
+    pub ws: Tensor<f32>,
+    pub part_off: u32,
+    pub part_stride: u32,
+    pub blocks: u32,
+}
+
+/// A written column vector: `out[o_off + col·o_stride]`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct Column<F: Float> {
+    pub out: Tensor<F>,
+    pub o_off: u32,
+    pub o_stride: u32,
+}
+
 /// `1 / sqrt(ss / D + eps)`, each division and the root IEEE-rounded on every device.
 #[cube]
 fn inv_rms(ss: f32, d_f: f32, eps: f32, #[comptime] emulate: bool) -> f32 {
@@ -84,36 +177,30 @@ fn inv_rms(ss: f32, d_f: f32, eps: f32, #[comptime] emulate: bool) -> f32 {
 /// Each unit loads `batch` vectors at once before their fma steps; a row of at most `256·batch`
 /// elements stays in registers for the output pass, longer rows are re-read.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
-    x: &Tensor<Vector<F, N>>,
-    xo: StridedView,
-    gamma: &Tensor<Vector<F, N>>,
-    g_off: u32,
-    g_stride: u32,
-    out: &mut Tensor<Vector<F, N>>,
-    oo: StridedView,
-    rows: u32,
-    d: u32,
-    d_f: f32,
-    eps: f32,
-    #[comptime] w: usize,
-    #[comptime] batch: usize,
-    #[comptime] emulate_fma: bool,
+    ins: &NormInputs<F, N>,
+    outs: &mut NormOutput<F, N>,
+    sz: RowSizes,
+    #[comptime] cfg: RowCfg,
     #[define(F)] _dtype: StorageType,
 ) {
+    let (w, batch, emulate_fma) = (
+        comptime![cfg.w],
+        comptime![cfg.batch],
+        comptime![cfg.emulate_fma],
+    );
     let unroll = comptime!(!emulate_fma);
     let rows_per_cube = comptime!(w);
     let (u, ry) = row_geometry();
     let row = CUBE_POS_X as usize * rows_per_cube + ry;
     // Rows past the end run the launch's last row (valid addresses) and write nothing.
-    let active = row < rows as usize;
-    let row_c = min(row, rows as usize - 1);
-    let d = d as usize;
-    let xb = xo.offset as usize + row_c * xo.s0 as usize;
-    let xs = xo.s1 as usize;
-    let gb = g_off as usize;
-    let gs = g_stride as usize;
+    let active = row < sz.rows as usize;
+    let row_c = min(row, sz.rows as usize - 1);
+    let d = sz.d as usize;
+    let xb = ins.xo.offset as usize + row_c * ins.xo.s0 as usize;
+    let xs = ins.xo.s1 as usize;
+    let gb = ins.g_off as usize;
+    let gs = ins.g_stride as usize;
     let last = d - w;
     let rounds = d.div_ceil(RMS_NORM_LANES);
     let batches = rounds.div_ceil(batch);
@@ -127,7 +214,7 @@ pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
         #[unroll]
         for k in 0..batch {
             let e = (b * batch + k) * RMS_NORM_LANES + w * u;
-            v[k] = x[(xb + min(e, last) * xs) / w];
+            v[k] = ins.x[(xb + min(e, last) * xs) / w];
         }
         #[unroll(unroll)]
         for k in 0..batch {
@@ -141,9 +228,9 @@ pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
         }
     }
     let (ss, _) = lane_tree(&lanes, &lanes, w, rows_per_cube, false);
-    let r = inv_rms(ss, d_f, eps, emulate_fma);
-    let ob = oo.offset as usize + row_c * oo.s0 as usize;
-    let os = oo.s1 as usize;
+    let r = inv_rms(ss, sz.d_f, sz.eps, emulate_fma);
+    let ob = outs.oo.offset as usize + row_c * outs.oo.s0 as usize;
+    let os = outs.oo.s1 as usize;
     // The output pass: the row from registers where it fits one batch, else re-read (from
     // L1/L2) a batch of loads at a time.
     let mut gv = Array::<Vector<F, N>>::new(batch);
@@ -152,9 +239,9 @@ pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
         for k in 0..batch {
             let e = min((b * batch + k) * RMS_NORM_LANES + w * u, last);
             if batches > 1 {
-                v[k] = x[(xb + e * xs) / w];
+                v[k] = ins.x[(xb + e * xs) / w];
             }
-            gv[k] = gamma[(gb + e * gs) / w];
+            gv[k] = ins.gamma[(gb + e * gs) / w];
         }
         #[unroll]
         for k in 0..batch {
@@ -166,7 +253,7 @@ pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
                 for j in 0..w {
                     o[j] = F::cast_from((f32::cast_from(vk[j]) * r) * f32::cast_from(gk[j]));
                 }
-                out[(ob + e * os) / w] = o;
+                outs.out[(ob + e * os) / w] = o;
             }
         }
     }
@@ -368,44 +455,34 @@ fn dgamma_block<F: Float, M: Size>(
 
 /// `dx` and `r` of the launch's rows, `w` rows per cube (see [`dx_rows`]).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn rms_norm_dx_kernel<F: Float, N: Size>(
-    x: &Tensor<Vector<F, N>>,
-    xo: StridedView,
-    dy: &Tensor<Vector<F, N>>,
-    dyo: StridedView,
-    gamma: &Tensor<Vector<F, N>>,
-    g_off: u32,
-    g_stride: u32,
-    dx: &mut Tensor<Vector<F, N>>,
-    dxo: StridedView,
-    ws: &mut Tensor<f32>,
-    r_off: u32,
-    rows: u32,
-    d: u32,
-    d_f: f32,
-    eps: f32,
-    #[comptime] w: usize,
-    #[comptime] batch: usize,
-    #[comptime] emulate_fma: bool,
+    ins: &DxInputs<F, N>,
+    outs: &mut DxOutputs<F, N>,
+    sz: RowSizes,
+    #[comptime] cfg: RowCfg,
     #[define(F)] _dtype: StorageType,
 ) {
+    let (w, batch, emulate_fma) = (
+        comptime![cfg.w],
+        comptime![cfg.batch],
+        comptime![cfg.emulate_fma],
+    );
     dx_rows::<F, N>(
-        x,
-        &xo,
-        dy,
-        &dyo,
-        gamma,
-        (g_off as usize, g_stride as usize),
-        dx,
-        &dxo,
-        ws,
-        r_off as usize,
-        rows as usize,
+        &ins.x,
+        &ins.xo,
+        &ins.dy,
+        &ins.dyo,
+        &ins.gamma,
+        (ins.g_off as usize, ins.g_stride as usize),
+        &mut outs.dx,
+        &outs.dxo,
+        &mut outs.ws,
+        outs.r_off as usize,
+        sz.rows as usize,
         CUBE_POS_X as usize,
-        d as usize,
-        d_f,
-        eps,
+        sz.d as usize,
+        sz.d_f,
+        sz.eps,
         w,
         batch,
         emulate_fma,
@@ -415,36 +492,31 @@ pub(crate) fn rms_norm_dx_kernel<F: Float, N: Size>(
 /// The `dGamma` block partials: cube `CUBE_POS_Y · CUBE_COUNT_X + CUBE_POS_X` (below `cubes`)
 /// is (row block, column tile) = (cube / tiles, cube % tiles) (see [`dgamma_block`]).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn rms_norm_partials_kernel<F: Float, M: Size>(
-    x: &Tensor<Vector<F, M>>,
-    xo: StridedView,
-    dy: &Tensor<Vector<F, M>>,
-    dyo: StridedView,
+    ins: &XDy<F, M>,
     ws: &mut Tensor<f32>,
-    r_off: u32,
-    rows: u32,
-    cubes: u32,
-    tiles: u32,
-    d: u32,
-    #[comptime] wg: usize,
-    #[comptime] row_batch: usize,
-    #[comptime] emulate_fma: bool,
+    sz: PartialSizes,
+    #[comptime] cfg: RowCfg,
     #[define(F)] _dtype: StorageType,
 ) {
+    let (wg, row_batch, emulate_fma) = (
+        comptime![cfg.w],
+        comptime![cfg.batch],
+        comptime![cfg.emulate_fma],
+    );
     let id = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
-    if id < cubes as usize {
+    if id < sz.cubes as usize {
         dgamma_block::<F, M>(
-            x,
-            &xo,
-            dy,
-            &dyo,
+            &ins.x,
+            &ins.xo,
+            &ins.dy,
+            &ins.dyo,
             ws,
-            r_off as usize,
-            rows as usize,
+            sz.r_off as usize,
+            sz.rows as usize,
             id,
-            tiles as usize,
-            d as usize,
+            sz.tiles as usize,
+            sz.d as usize,
             wg,
             row_batch,
             emulate_fma,
@@ -456,29 +528,23 @@ pub(crate) fn rms_norm_partials_kernel<F: Float, M: Size>(
 /// to zero skipped, one rounding; one unit per column (`RMS_NORM_LANES` per cube). With no
 /// blocks, `+0.0`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the launch's bindings and scalars, one argument each
 pub(crate) fn rms_norm_dgamma_kernel<F: Float>(
-    ws: &Tensor<f32>,
-    part_off: u32,
-    part_stride: u32,
-    blocks: u32,
-    out: &mut Tensor<F>,
-    o_off: u32,
-    o_stride: u32,
+    parts: &Partials,
+    out: &mut Column<F>,
     cols: u32,
     #[define(F)] _dtype: StorageType,
 ) {
     let col = CUBE_POS_X as usize * RMS_NORM_LANES + UNIT_POS_X as usize;
     if col < cols as usize {
-        let blocks = blocks as usize;
-        let base = part_off as usize + col;
-        let stride = part_stride as usize;
+        let blocks = parts.blocks as usize;
+        let base = parts.part_off as usize + col;
+        let stride = parts.part_stride as usize;
         let mut total = 0.0f32;
         let mut p = Array::<f32>::new(PARTIALS_BATCH);
         for b in 0..blocks.div_ceil(PARTIALS_BATCH) {
             #[unroll]
             for i in 0..PARTIALS_BATCH {
-                p[i] = ws[base + min(b * PARTIALS_BATCH + i, blocks - 1) * stride];
+                p[i] = parts.ws[base + min(b * PARTIALS_BATCH + i, blocks - 1) * stride];
             }
             #[unroll]
             for i in 0..PARTIALS_BATCH {
@@ -487,7 +553,7 @@ pub(crate) fn rms_norm_dgamma_kernel<F: Float>(
                 }
             }
         }
-        out[o_off as usize + col * o_stride as usize] = F::cast_from(total);
+        out.out[out.o_off as usize + col * out.o_stride as usize] = F::cast_from(total);
     }
 }
 
