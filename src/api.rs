@@ -1,10 +1,10 @@
 //! The public functions (docs/CONTRACT.md, *Public API*): validate, ask the registry, then run
 //! the primitive.
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::{Int, Tensor};
 
 use crate::backend::{InvariantBackend, LinearLogpInputs, LogpHead, Problem};
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::{Implementation, Op, forced_implementation, implementation_for};
+use crate::registry::{Implementation, implementation_for_problem};
 use crate::{InvariantError, validate};
 
 /// Options of [`linear_logp`], [`linear_logp_with_lse`] and [`linear_logp_full`].
@@ -141,8 +141,7 @@ fn gemm<B: InvariantBackend>(
         k: lhs_shape[1],
         n: rhs_shape[1],
     };
-    let implementation =
-        implementation_for_problem::<B>(Op::Matmul, &device, lhs.dtype(), problem)?;
+    let implementation = implementation_for_problem::<B>(&device, lhs.dtype(), problem)?;
     let out = B::invariant_matmul(
         float_primitive(lhs),
         float_primitive(rhs),
@@ -334,57 +333,9 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     // The per-row statistics `[N, 3]` and their gradient are indexed by the kernels too.
     validate::index_limit("targets", &[n, 3])?;
     let problem = Problem::LinearLogp { n, d, v };
-    let implementation =
-        implementation_for_problem::<B>(Op::LinearLogp, &device, hidden.dtype(), problem)?;
+    let implementation = implementation_for_problem::<B>(&device, hidden.dtype(), problem)?;
     if !options.skip_target_check && n > 0 {
         validate::targets_in_range(targets, v, options.ignore_index)?;
     }
     Ok(implementation)
-}
-
-/// The registry's choice for `problem`. Where the preferred implementation refuses these sizes
-/// for a reason other than the number of rows (Sm90 and D = 0), the next available one that
-/// takes them runs instead. A forced implementation that refuses them is an error.
-pub(crate) fn implementation_for_problem<B: InvariantBackend>(
-    op: Op,
-    device: &B::Device,
-    dtype: DType,
-    problem: Problem,
-) -> Result<Implementation, InvariantError> {
-    let chosen = implementation_for::<B>(op, device, dtype)?;
-    let Err(refused) = B::check_problem(chosen, device, dtype, problem) else {
-        return Ok(chosen);
-    };
-    // No other choice when forced, or when the refusal is for the number of rows alone:
-    // choosing by rows would break row invariance.
-    let one_row = match problem {
-        Problem::Matmul { k, n, .. } => Problem::Matmul { m: 1, k, n },
-        Problem::LinearLogp { d, v, .. } => Problem::LinearLogp { n: 1, d, v },
-        Problem::Attention {
-            heads,
-            kv_heads,
-            kv_len,
-            head_dim,
-            ..
-        } => Problem::Attention {
-            batch: 1,
-            heads,
-            kv_heads,
-            q_len: 1,
-            kv_len,
-            head_dim,
-        },
-        Problem::RmsNorm { d, .. } => Problem::RmsNorm { n: 1, d },
-    };
-    if forced_implementation()?.is_some()
-        || B::check_problem(chosen, device, dtype, one_row).is_ok()
-    {
-        return Err(refused);
-    }
-    B::implementations(op, device, dtype)
-        .into_iter()
-        .filter(|c| c.availability.is_ok())
-        .map(|c| c.implementation)
-        .find(|&imp| B::check_problem(imp, device, dtype, problem).is_ok())
-        .ok_or(refused)
 }

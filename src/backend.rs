@@ -15,52 +15,8 @@ use crate::InvariantError;
 use crate::backends::generic;
 use crate::ops::attention::AttentionOps;
 use crate::ops::rms_norm::RmsNormOps;
+pub use crate::registry::Problem;
 use crate::registry::{Candidate, Implementation, Op};
-
-/// The sizes of one call, for [`InvariantBackend::check_problem`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Problem {
-    /// `[m, k] · [k, n]`.
-    Matmul {
-        /// Rows.
-        m: usize,
-        /// Reduction size.
-        k: usize,
-        /// Output features.
-        n: usize,
-    },
-    /// `hidden [n, d]`, `weight [v, d]`.
-    LinearLogp {
-        /// Rows.
-        n: usize,
-        /// Hidden size.
-        d: usize,
-        /// Vocabulary size.
-        v: usize,
-    },
-    /// `query [batch, heads, q_len, head_dim]`, `key`/`value [batch, kv_heads, kv_len, head_dim]`.
-    Attention {
-        /// Rows.
-        batch: usize,
-        /// Query heads.
-        heads: usize,
-        /// Key/value heads.
-        kv_heads: usize,
-        /// Queries per row.
-        q_len: usize,
-        /// Keys per row.
-        kv_len: usize,
-        /// Head size.
-        head_dim: usize,
-    },
-    /// `x [n, d]`, `gamma [d]`.
-    RmsNorm {
-        /// Rows.
-        n: usize,
-        /// Normalized size.
-        d: usize,
-    },
-}
 
 /// The head of a `linear_logp` call beside its tensors: the softmax temperature and whether the
 /// per-row entropy is computed.
@@ -154,9 +110,10 @@ pub trait InvariantBackend: Backend + AttentionOps + RmsNormOps {
     /// Limits of `implementation` on `device` for a call of these sizes in `dtype` (forward and
     /// backward), beyond dtype and device support: [`crate::InvariantError::TooLarge`] where a
     /// size passes a kernel limit, [`crate::InvariantError::UnsupportedProblem`] where the
-    /// kernels do not take the shape. On `Err` the public functions take the next available
-    /// implementation that accepts the problem, unless the refusal is for the number of rows or
-    /// the refusing one was forced; then the error reaches the caller before anything runs.
+    /// kernels do not take the shape. On `Err` the registry
+    /// ([`crate::registry`]) takes the next available implementation that accepts the problem,
+    /// unless the refusal is for the number of rows or the refusing one was forced; then the
+    /// error reaches the caller before anything runs.
     fn check_problem(
         _implementation: Implementation,
         _device: &Self::Device,

@@ -164,6 +164,59 @@ fn is_empty(shape: &[usize]) -> bool {
     shape.contains(&0)
 }
 
+/// The candidates of an op with raw SM90 kernels: Sm90 first where it can run; otherwise it
+/// stays listed after CubeCl so forcing it explains why not.
+fn with_sm90<R: CubeRuntime>(
+    cubecl: Candidate,
+    device: &R::Device,
+    dtype: DType,
+) -> Vec<Candidate> {
+    #[cfg(feature = "cuda")]
+    let sm90 = sm90::candidate::<R>(device, dtype);
+    #[cfg(not(feature = "cuda"))]
+    let sm90 = {
+        let _ = (device, dtype);
+        Candidate::unavailable(
+            Implementation::Sm90,
+            "needs a CUDA device and the `cuda` feature of burn-invariant",
+        )
+    };
+    if sm90.availability.is_ok() {
+        vec![sm90, cubecl]
+    } else {
+        vec![cubecl, sm90]
+    }
+}
+
+/// CubeCL `grad · rhsᵀ`: a transposed view (strides swapped, no copy), the kernels take any
+/// strides.
+fn matmul_grad_lhs<R: CubeRuntime>(grad: CubeTensor<R>, rhs: CubeTensor<R>) -> CubeTensor<R> {
+    matmul(
+        grad,
+        CubeBackend::<R, f32, i32, u8>::float_swap_dims(rhs, 0, 1),
+        None,
+    )
+}
+
+/// CubeCL `lhsᵀ · grad`, rows reduced in ascending order.
+fn matmul_grad_rhs<R: CubeRuntime>(lhs: CubeTensor<R>, grad: CubeTensor<R>) -> CubeTensor<R> {
+    let (k, n) = (lhs.meta.shape()[1], grad.meta.shape()[1]);
+    let m = lhs.meta.shape()[0];
+    if is_empty(&[k, n]) || m == 0 {
+        return zeros(&grad, vec![k, n], grad.dtype);
+    }
+    let out = empty(&grad, vec![k, n], grad.dtype);
+    let (lhs, grad) = (addressable(lhs), addressable(grad));
+    launched(gemm::matmul_row_reduction(
+        &grad.client,
+        &CubeBackend::<R, f32, i32, u8>::float_swap_dims(lhs, 0, 1).binding(),
+        &grad.clone().binding(),
+        &out.clone().binding(),
+        grad.dtype.into(),
+    ));
+    out
+}
+
 /// CubeCL `matmul` with an optional bias.
 pub(crate) fn matmul<R: CubeRuntime>(
     lhs: CubeTensor<R>,
@@ -193,35 +246,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
 {
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
         let cubecl = cubecl_candidate::<R>(device, dtype);
-        if matches!(op, Op::Attention | Op::RmsNorm) {
+        match op {
+            Op::Matmul | Op::LinearLogp => with_sm90::<R>(cubecl, device, dtype),
             // No raw SM90 kernels for these ops: Hopper runs the CubeCL ones.
-            return vec![
+            Op::Attention | Op::RmsNorm => vec![
                 cubecl,
                 Candidate::unavailable(
                     Implementation::Sm90,
                     format!("{op:?} has no Sm90 kernels; it runs on CubeCl on every CUDA device"),
                 ),
-            ];
+            ],
         }
-        #[cfg(feature = "cuda")]
-        {
-            let sm90 = sm90::candidate::<R>(device, dtype);
-            // Sm90 first where it can run; otherwise it stays listed so forcing it explains why
-            // not.
-            if sm90.availability.is_ok() {
-                vec![sm90, cubecl]
-            } else {
-                vec![cubecl, sm90]
-            }
-        }
-        #[cfg(not(feature = "cuda"))]
-        vec![
-            cubecl,
-            Candidate::unavailable(
-                Implementation::Sm90,
-                "needs a CUDA device and the `cuda` feature of burn-invariant",
-            ),
-        ]
     }
 
     fn check_problem(
@@ -249,19 +284,24 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         bias: Option<FloatTensor<Self>>,
         implementation: Implementation,
     ) -> FloatTensor<Self> {
-        // An empty product is the bias or zeros whichever kernel runs (the Sm90 ones need K ≥ 1).
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90
-            && !is_empty(&[
-                lhs.meta.shape()[0],
-                lhs.meta.shape()[1],
-                rhs.meta.shape()[1],
-            ])
-        {
-            return sm90::matmul(lhs, rhs, bias);
+        match implementation {
+            #[cfg(feature = "cuda")]
+            Implementation::Sm90
+                if !is_empty(&[
+                    lhs.meta.shape()[0],
+                    lhs.meta.shape()[1],
+                    rhs.meta.shape()[1],
+                ]) =>
+            {
+                sm90::matmul(lhs, rhs, bias)
+            }
+            // An empty product is the bias or zeros whichever kernel runs (the Sm90 ones need
+            // K ≥ 1). Reference is not offered here, nor Sm90 without the `cuda` feature: a
+            // direct call with either runs the CubeCL kernels.
+            Implementation::Sm90 | Implementation::CubeCl | Implementation::Reference => {
+                matmul(lhs, rhs, bias)
+            }
         }
-        let _ = implementation;
-        matmul(lhs, rhs, bias)
     }
 
     fn invariant_matmul_grad_lhs(
@@ -269,13 +309,15 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         rhs: FloatTensor<Self>,
         implementation: Implementation,
     ) -> FloatTensor<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::matmul_grad_lhs(grad, rhs);
+        match implementation {
+            #[cfg(feature = "cuda")]
+            Implementation::Sm90 => sm90::matmul_grad_lhs(grad, rhs),
+            #[cfg(not(feature = "cuda"))]
+            Implementation::Sm90 => matmul_grad_lhs(grad, rhs),
+            // Reference is not offered here, nor Sm90 without the `cuda` feature: a direct call
+            // with either runs the CubeCL kernels.
+            Implementation::CubeCl | Implementation::Reference => matmul_grad_lhs(grad, rhs),
         }
-        let _ = implementation;
-        // A transposed view (strides swapped, no copy): the kernels take any strides.
-        matmul(grad, Self::float_swap_dims(rhs, 0, 1), None)
     }
 
     fn invariant_matmul_grad_rhs(
@@ -283,32 +325,22 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         grad: FloatTensor<Self>,
         implementation: Implementation,
     ) -> FloatTensor<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::matmul_grad_rhs(lhs, grad);
+        match implementation {
+            #[cfg(feature = "cuda")]
+            Implementation::Sm90 => sm90::matmul_grad_rhs(lhs, grad),
+            #[cfg(not(feature = "cuda"))]
+            Implementation::Sm90 => matmul_grad_rhs(lhs, grad),
+            // Reference is not offered here, nor Sm90 without the `cuda` feature: a direct call
+            // with either runs the CubeCL kernels.
+            Implementation::CubeCl | Implementation::Reference => matmul_grad_rhs(lhs, grad),
         }
-        let _ = implementation;
-        let (k, n) = (lhs.meta.shape()[1], grad.meta.shape()[1]);
-        let m = lhs.meta.shape()[0];
-        if is_empty(&[k, n]) || m == 0 {
-            return zeros(&grad, vec![k, n], grad.dtype);
-        }
-        let out = empty(&grad, vec![k, n], grad.dtype);
-        let (lhs, grad) = (addressable(lhs), addressable(grad));
-        launched(gemm::matmul_row_reduction(
-            &grad.client,
-            &Self::float_swap_dims(lhs, 0, 1).binding(),
-            &grad.clone().binding(),
-            &out.clone().binding(),
-            grad.dtype.into(),
-        ));
-        out
     }
 
     fn invariant_sum_rows(
         grad: FloatTensor<Self>,
         _implementation: Implementation,
     ) -> FloatTensor<Self> {
+        // One kernel for every implementation: Sm90 has no column sum of its own.
         let (m, n) = (grad.meta.shape()[0], grad.meta.shape()[1]);
         if m == 0 || n == 0 {
             return zeros(&grad, vec![n], grad.dtype);
@@ -328,12 +360,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         inputs: LinearLogpInputs<Self>,
         implementation: Implementation,
     ) -> FloatTensor<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::linear_logp(inputs);
+        match implementation {
+            #[cfg(feature = "cuda")]
+            Implementation::Sm90 => sm90::linear_logp(inputs),
+            #[cfg(not(feature = "cuda"))]
+            Implementation::Sm90 => linear_logp_forward(kernel_inputs(inputs)),
+            // Reference is not offered here, nor Sm90 without the `cuda` feature: a direct call
+            // with either runs the CubeCL kernels.
+            Implementation::CubeCl | Implementation::Reference => {
+                linear_logp_forward(kernel_inputs(inputs))
+            }
         }
-        let _ = implementation;
-        linear_logp_forward(kernel_inputs(inputs))
     }
 
     fn invariant_linear_logp_backward(
@@ -343,12 +380,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         request: GradRequest,
         implementation: Implementation,
     ) -> LinearLogpGrads<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::linear_logp_backward(inputs, stats, grad, request);
+        match implementation {
+            #[cfg(feature = "cuda")]
+            Implementation::Sm90 => sm90::linear_logp_backward(inputs, stats, grad, request),
+            #[cfg(not(feature = "cuda"))]
+            Implementation::Sm90 => linear_logp_backward(inputs, stats, grad, request),
+            // Reference is not offered here, nor Sm90 without the `cuda` feature: a direct call
+            // with either runs the CubeCL kernels.
+            Implementation::CubeCl | Implementation::Reference => {
+                linear_logp_backward(inputs, stats, grad, request)
+            }
         }
-        let _ = implementation;
-        linear_logp_backward(inputs, stats, grad, request)
     }
 
     fn invariant_tp_leaf_targets(
