@@ -1,5 +1,5 @@
 //! Public-call overhead: `burn_invariant::matmul` against the backend primitive it runs
-//! (`InvariantBackend::invariant_matmul` with the implementation the registry chose), on the same
+//! (`MatmulOps::invariant_matmul` with the implementation the registry chose), on the same
 //! backend, raw `CubeBackend<Cuda>` and `Fusion` of it, at decode sizes (M = 1, 16, 64,
 //! K = N = 4096, bf16), with Burn's own `matmul` for scale.
 //!

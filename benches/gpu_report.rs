@@ -23,6 +23,7 @@ use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backen
 use burn_invariant::{
     InvariantBackend, LinearLogpOptions,
     backend::{GradRequest, LinearLogpInputs, LogpHead},
+    ops::{linear_logp::LinearLogpOps, matmul::MatmulOps},
     registry::Implementation,
 };
 

@@ -1,5 +1,6 @@
-//! The backend extension trait: the primitive operations every implementation provides, and
-//! the types they take.
+//! The backend extension trait: every op's primitives (its supertraits, one per room in
+//! `crate::ops`), the candidates and limits the registry decides by, and the tensor-parallel
+//! primitives with the traits of the collective.
 //!
 //! Primitives receive already-validated inputs and the [`Implementation`] the registry chose,
 //! so a backend with several implementations (CUDA: CubeCL and SM90) dispatches without
@@ -14,139 +15,21 @@ use burn::tensor::{
 use crate::InvariantError;
 use crate::backends::generic;
 use crate::ops::attention::AttentionOps;
+use crate::ops::linear_logp::LinearLogpOps;
+pub use crate::ops::linear_logp::{GradRequest, LinearLogpGrads, LinearLogpInputs, LogpHead};
+use crate::ops::matmul::MatmulOps;
 use crate::ops::rms_norm::RmsNormOps;
+pub use crate::registry::Problem;
 use crate::registry::{Candidate, Implementation, Op};
-
-/// The sizes of one call, for [`InvariantBackend::check_problem`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Problem {
-    /// `[m, k] · [k, n]`.
-    Matmul {
-        /// Rows.
-        m: usize,
-        /// Reduction size.
-        k: usize,
-        /// Output features.
-        n: usize,
-    },
-    /// `hidden [n, d]`, `weight [v, d]`.
-    LinearLogp {
-        /// Rows.
-        n: usize,
-        /// Hidden size.
-        d: usize,
-        /// Vocabulary size.
-        v: usize,
-    },
-    /// `query [batch, heads, q_len, head_dim]`, `key`/`value [batch, kv_heads, kv_len, head_dim]`.
-    Attention {
-        /// Rows.
-        batch: usize,
-        /// Query heads.
-        heads: usize,
-        /// Key/value heads.
-        kv_heads: usize,
-        /// Queries per row.
-        q_len: usize,
-        /// Keys per row.
-        kv_len: usize,
-        /// Head size.
-        head_dim: usize,
-    },
-    /// `x [n, d]`, `gamma [d]`.
-    RmsNorm {
-        /// Rows.
-        n: usize,
-        /// Normalized size.
-        d: usize,
-    },
-}
-
-/// The head of a `linear_logp` call beside its tensors: the softmax temperature and whether the
-/// per-row entropy is computed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LogpHead {
-    /// `1 / T`, rounded to f32 once: the logits are `(hidden · weightᵀ + bias) · inv_temperature`
-    /// (1 leaves them bitwise unchanged). Finite and positive.
-    pub inv_temperature: f32,
-    /// Whether the statistics carry a third column, `entropy`.
-    pub entropy: bool,
-}
-
-impl LogpHead {
-    /// Temperature 1, no entropy: statistics `(logp, lse)`.
-    pub const PLAIN: Self = Self {
-        inv_temperature: 1.0,
-        entropy: false,
-    };
-
-    /// Columns of the statistics and of their upstream gradient: `(logp, lse[, entropy])`.
-    pub fn columns(&self) -> usize {
-        2 + usize::from(self.entropy)
-    }
-}
-
-impl Default for LogpHead {
-    fn default() -> Self {
-        Self::PLAIN
-    }
-}
-
-/// Inputs of the fused linear log-prob primitives.
-#[derive(Debug, Clone)]
-pub struct LinearLogpInputs<B: Backend> {
-    /// `[N, D]`.
-    pub hidden: FloatTensor<B>,
-    /// `[V, D]` (LM-head layout).
-    pub weight: FloatTensor<B>,
-    /// `[V]`, same dtype as `weight`.
-    pub bias: Option<FloatTensor<B>>,
-    /// `[N]`. A target outside `[0, V)` that is not `ignore_index` matches no column: `logp`
-    /// NaN, and `dz = (dLse − dLogp)·p` (no one-hot term); the tensor-parallel leaves rely on it.
-    pub targets: IntTensor<B>,
-    /// Rows whose target equals this get `logp = 0`, `entropy = 0` and no gradient from either.
-    pub ignore_index: Option<i64>,
-    /// Temperature and entropy.
-    pub head: LogpHead,
-}
-
-/// Which gradients the backward of `linear_logp` must produce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GradRequest {
-    /// `dHidden`.
-    pub hidden: bool,
-    /// `dWeight`.
-    pub weight: bool,
-    /// `dBias` (ignored when there is no bias).
-    pub bias: bool,
-}
-
-impl GradRequest {
-    /// Every gradient.
-    pub const ALL: Self = Self {
-        hidden: true,
-        weight: true,
-        bias: true,
-    };
-}
-
-/// Gradients of `linear_logp`; `None` where not requested.
-#[derive(Debug, Clone)]
-pub struct LinearLogpGrads<B: Backend> {
-    /// `[N, D]` in hidden's dtype.
-    pub hidden: Option<FloatTensor<B>>,
-    /// `[V, D]` in weight's dtype, accumulated in f32.
-    pub weight: Option<FloatTensor<B>>,
-    /// `[V]` in bias's dtype, accumulated in f32.
-    pub bias: Option<FloatTensor<B>>,
-}
 
 /// A Burn backend that runs burn-invariant's deterministic, batch-invariant ops.
 ///
 /// Contract of every implementation (docs/CONTRACT.md, *Invariance*): f32 accumulation, a reduction order fixed by
 /// `(dtype, K, N, device)` and never by the number of rows, no split-K, no autotune, no float
 /// atomics, and no `[N, V]` logits for `linear_logp`.
-pub trait InvariantBackend: Backend + AttentionOps + RmsNormOps {
+pub trait InvariantBackend:
+    Backend + MatmulOps + LinearLogpOps + AttentionOps + RmsNormOps
+{
     /// The implementations this backend offers for `op` on `device` with inputs of `dtype`,
     /// most preferred first, each saying whether it can run.
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate>;
@@ -154,9 +37,10 @@ pub trait InvariantBackend: Backend + AttentionOps + RmsNormOps {
     /// Limits of `implementation` on `device` for a call of these sizes in `dtype` (forward and
     /// backward), beyond dtype and device support: [`crate::InvariantError::TooLarge`] where a
     /// size passes a kernel limit, [`crate::InvariantError::UnsupportedProblem`] where the
-    /// kernels do not take the shape. On `Err` the public functions take the next available
-    /// implementation that accepts the problem, unless the refusal is for the number of rows or
-    /// the refusing one was forced; then the error reaches the caller before anything runs.
+    /// kernels do not take the shape. On `Err` the registry
+    /// ([`crate::registry`]) takes the next available implementation that accepts the problem,
+    /// unless the refusal is for the number of rows or the refusing one was forced; then the
+    /// error reaches the caller before anything runs.
     fn check_problem(
         _implementation: Implementation,
         _device: &Self::Device,
@@ -165,58 +49,6 @@ pub trait InvariantBackend: Backend + AttentionOps + RmsNormOps {
     ) -> Result<(), InvariantError> {
         Ok(())
     }
-
-    /// `lhs [M, K] · rhs [K, N] (+ bias [N])`, in the input dtype. Row-invariant.
-    fn invariant_matmul(
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        bias: Option<FloatTensor<Self>>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self>;
-
-    /// `grad [M, N] · rhsᵀ` with `rhs [K, N]` → `[M, K]` (the lhs gradient). Row-invariant.
-    fn invariant_matmul_grad_lhs(
-        grad: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self>;
-
-    /// `lhsᵀ · grad` with `lhs [M, K]`, `grad [M, N]` → `[K, N]` (the rhs gradient): rows
-    /// reduced in ascending order, in fixed-size blocks that do not depend on M.
-    fn invariant_matmul_grad_rhs(
-        lhs: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self>;
-
-    /// Column sums of `grad [M, N]` → `[N]` (the bias gradient), rows in ascending order,
-    /// accumulated in f32.
-    fn invariant_sum_rows(
-        grad: FloatTensor<Self>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self>;
-
-    /// Fused `log_softmax(z)[target]` with `z = (hidden · weightᵀ + bias) · inv_temperature`:
-    /// returns `[N, head.columns()]` f32 with `(logp, lse)` per row, then the entropy
-    /// `lse − Σ_j softmax(z)_j·z_j` when `head.entropy` (0 for ignored rows). Never materializes
-    /// `[N, V]`.
-    fn invariant_linear_logp(
-        inputs: LinearLogpInputs<Self>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self>;
-
-    /// Backward of [`Self::invariant_linear_logp`] from the saved `stats [N, C]` (the lse and
-    /// entropy columns are read) and the upstream `grad [N, C]` (`dLogp`, `dLse[, dEntropy]`),
-    /// recomputing logits tile by tile: `∂/∂logit = (dLogp·(onehot − p) + dLse·p
-    /// − dEntropy·p·(z − lse + H)) · inv_temperature` with `p = exp(z − lse)`. Rows whose
-    /// upstream gradients are all zero contribute exactly nothing.
-    fn invariant_linear_logp_backward(
-        inputs: LinearLogpInputs<Self>,
-        stats: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        request: GradRequest,
-        implementation: Implementation,
-    ) -> LinearLogpGrads<Self>;
 
     /// Tensor-parallel leaf targets (`crate::tp`): `t − start` where `start ≤ t < end` and `t`
     /// is not `ignore_index`, −1 (the leaves' ignore index) where ignored, −2 (matches no column
@@ -270,7 +102,7 @@ pub trait InvariantBackend: Backend + AttentionOps + RmsNormOps {
 
     /// A `linear_logp` that `engine` computes from this backend's primitives and `group` (the
     /// tensor-parallel one, `crate::tp`), on validated inputs: `[N, C]` f32
-    /// `(logp, lse[, entropy])` as [`Self::invariant_linear_logp`].
+    /// `(logp, lse[, entropy])` as [`LinearLogpOps::invariant_linear_logp`].
     /// The default runs the engine's forward; `Autodiff` overrides it to record a backward
     /// that runs the engine's backward through the same group. Fails only if the collective
     /// does.

@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
-mod api;
 pub mod backend;
 mod backends;
 mod error;
@@ -11,13 +10,20 @@ pub mod registry;
 pub mod tp;
 mod validate;
 
-pub use api::{
-    LinearLogpOptions, LinearLogpOutput, linear, linear_logp, linear_logp_full,
-    linear_logp_with_lse, matmul,
-};
 pub use backend::InvariantBackend;
-pub use backends::ndarray::oracle;
 pub use error::InvariantError;
 pub use ops::attention::{AttentionOptions, attention};
+pub use ops::linear_logp::{
+    LinearLogpOptions, LinearLogpOutput, linear_logp, linear_logp_full, linear_logp_with_lse,
+};
+pub use ops::matmul::{linear, matmul};
 pub use ops::rms_norm::rms_norm;
 pub use validate::INDEX_LIMIT;
+
+/// The Reference arithmetic of `matmul` and `linear_logp` on host slices: what the Reference
+/// backend runs and the kernels are tested against (attention's and RMSNorm's are in their
+/// rooms, [`ops::attention::oracle`] and [`ops::rms_norm::oracle`]).
+pub mod oracle {
+    pub use crate::ops::linear_logp::oracle::*;
+    pub use crate::ops::matmul::oracle::*;
+}

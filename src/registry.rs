@@ -1,7 +1,9 @@
-//! Which implementation runs an op: one place that maps (op, device, dtype) to an
-//! [`Implementation`], honours the `BURN_INVARIANT_IMPL` override and refuses, with a reason,
-//! when a forced implementation cannot run. Backends declare what they can run through
-//! [`InvariantBackend::implementations`]; callers never branch on the backend themselves.
+//! Which implementation runs an op: the one place that decides. From the candidates a backend
+//! offers for (op, device, dtype) ([`InvariantBackend::implementations`]), the
+//! `BURN_INVARIANT_IMPL` override and the kernels' limits for the call's sizes
+//! ([`InvariantBackend::check_problem`]) it picks an [`Implementation`], or refuses with a
+//! reason. The public functions ask it once per call and pass the choice to the primitives;
+//! nothing else chooses.
 use std::any::TypeId;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -54,6 +56,64 @@ pub enum Op {
     Attention,
     /// `rms_norm` forward and backward.
     RmsNorm,
+}
+
+/// The sizes of one call: what the registry decides by, with
+/// [`InvariantBackend::check_problem`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Problem {
+    /// `[m, k] · [k, n]`.
+    Matmul {
+        /// Rows.
+        m: usize,
+        /// Reduction size.
+        k: usize,
+        /// Output features.
+        n: usize,
+    },
+    /// `hidden [n, d]`, `weight [v, d]`.
+    LinearLogp {
+        /// Rows.
+        n: usize,
+        /// Hidden size.
+        d: usize,
+        /// Vocabulary size.
+        v: usize,
+    },
+    /// `query [batch, heads, q_len, head_dim]`, `key`/`value [batch, kv_heads, kv_len, head_dim]`.
+    Attention {
+        /// Rows.
+        batch: usize,
+        /// Query heads.
+        heads: usize,
+        /// Key/value heads.
+        kv_heads: usize,
+        /// Queries per row.
+        q_len: usize,
+        /// Keys per row.
+        kv_len: usize,
+        /// Head size.
+        head_dim: usize,
+    },
+    /// `x [n, d]`, `gamma [d]`.
+    RmsNorm {
+        /// Rows.
+        n: usize,
+        /// Normalized size.
+        d: usize,
+    },
+}
+
+impl Op {
+    /// The op a call of these sizes runs.
+    fn of(problem: Problem) -> Self {
+        match problem {
+            Problem::Matmul { .. } => Op::Matmul,
+            Problem::LinearLogp { .. } => Op::LinearLogp,
+            Problem::Attention { .. } => Op::Attention,
+            Problem::RmsNorm { .. } => Op::RmsNorm,
+        }
+    }
 }
 
 /// One implementation a backend offers for an (op, device, dtype), and whether it can run.
@@ -211,5 +271,58 @@ fn log_first_use(op: Op, backend: &str, device: &str, implementation: Implementa
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     if seen.insert(key) {
         log::info!("burn-invariant: {op:?} on {backend} {device} runs {implementation:?}");
+    }
+}
+
+/// Which implementation runs a call of `problem`'s op and sizes on `device` for `dtype`: the
+/// entry point of the public functions. [`implementation_for`] (candidates and override), then
+/// the chosen one's limits. Where the preferred implementation refuses these sizes for a reason
+/// other than the number of rows (Sm90 and D = 0), the next available one that takes them runs
+/// instead. A forced implementation that refuses them is an error.
+pub(crate) fn implementation_for_problem<B: InvariantBackend>(
+    device: &B::Device,
+    dtype: DType,
+    problem: Problem,
+) -> Result<Implementation, InvariantError> {
+    let op = Op::of(problem);
+    let chosen = implementation_for::<B>(op, device, dtype)?;
+    let Err(refused) = B::check_problem(chosen, device, dtype, problem) else {
+        return Ok(chosen);
+    };
+    // No other choice when forced, or when the refusal is for the number of rows alone:
+    // choosing by rows would break row invariance.
+    if forced_implementation()?.is_some()
+        || B::check_problem(chosen, device, dtype, one_row(problem)).is_ok()
+    {
+        return Err(refused);
+    }
+    B::implementations(op, device, dtype)
+        .into_iter()
+        .filter(|c| c.availability.is_ok())
+        .map(|c| c.implementation)
+        .find(|&imp| B::check_problem(imp, device, dtype, problem).is_ok())
+        .ok_or(refused)
+}
+
+/// `problem` with one row (one query of one batch row for attention).
+fn one_row(problem: Problem) -> Problem {
+    match problem {
+        Problem::Matmul { k, n, .. } => Problem::Matmul { m: 1, k, n },
+        Problem::LinearLogp { d, v, .. } => Problem::LinearLogp { n: 1, d, v },
+        Problem::Attention {
+            heads,
+            kv_heads,
+            kv_len,
+            head_dim,
+            ..
+        } => Problem::Attention {
+            batch: 1,
+            heads,
+            kv_heads,
+            q_len: 1,
+            kv_len,
+            head_dim,
+        },
+        Problem::RmsNorm { d, .. } => Problem::RmsNorm { n: 1, d },
     }
 }

@@ -11,7 +11,7 @@ mod common;
 /// (NdArray, `f32::mul_add` chains), with and without bias, on shapes that are no multiple of any
 /// tile. On lavapipe this runs the emulated once-rounded `fma` (its `fma` rounds twice).
 fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::Device) {
-    use burn_invariant::InvariantBackend;
+    use burn_invariant::ops::matmul::MatmulOps;
     type Reference = burn_ndarray::NdArray<f32>;
     let cpu = Default::default();
     let dtype = burn::tensor::DType::F32;
@@ -27,14 +27,12 @@ fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::
         let p = common::gemm_problem::<Reference>(&cpu, dtype, shape, with_bias, seed);
         let prim = |t: burn::tensor::Tensor<Reference, 2>| t.into_primitive().tensor();
         let want = common::bits(burn::tensor::Tensor::<Reference, 2>::from_primitive(
-            burn::tensor::TensorPrimitive::Float(
-                <Reference as InvariantBackend>::invariant_matmul(
-                    prim(p.lhs.clone()),
-                    prim(p.rhs.clone()),
-                    p.bias.clone().map(|b| b.into_primitive().tensor()),
-                    burn_invariant::registry::Implementation::Reference,
-                ),
-            ),
+            burn::tensor::TensorPrimitive::Float(<Reference as MatmulOps>::invariant_matmul(
+                prim(p.lhs.clone()),
+                prim(p.rhs.clone()),
+                p.bias.clone().map(|b| b.into_primitive().tensor()),
+                burn_invariant::registry::Implementation::Reference,
+            )),
         ));
         common::assert_bits_eq(&format!("f32 matmul {shape:?} vs Reference"), &got, &want);
     }

@@ -1,22 +1,23 @@
-//! `InvariantBackend` for every `CubeBackend<R, F, I, BT>` (CUDA, wgpu, ROCm): the `CubeCl`
-//! kernels of the `burn-invariant-cubecl` crate, and on CUDA the `Sm90` kernels
-//! (`super::sm90`). Outputs and workspaces are allocated on the tensors' own client and
-//! stream, so the ops order with every other Burn op.
+//! `InvariantBackend` for every `CubeBackend<R, F, I, BT>` (CUDA, wgpu, ROCm): the candidates
+//! (`CubeCl`, and on CUDA `Sm90` for the ops with raw kernels, `super::sm90`), the CubeCL limits,
+//! the tensor-parallel primitives, and what every op's `cube.rs` shares (launch results, error
+//! mapping, 32-bit address fix-ups, kernel target dtypes). Outputs and workspaces are allocated
+//! on the tensors' own client and stream, so the ops order with every other Burn op.
 use burn::tensor::{
-    DType, Slice,
-    ops::{FloatTensor, FloatTensorOps, IntTensor, IntTensorOps},
+    DType,
+    ops::{FloatTensor, IntTensor},
 };
 use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, kernel::into_contiguous,
     tensor::CubeTensor,
 };
-use burn_invariant_cubecl::{KernelError, attention, gemm, logp, rms_norm, tp as tp_kernels, util};
+use burn_invariant_cubecl::{KernelError, attention, logp, rms_norm, tp as tp_kernels, util};
 
-use super::alloc::{empty, zeros};
+use super::alloc::empty;
 #[cfg(feature = "cuda")]
 use super::sm90;
 use crate::InvariantError;
-use crate::backend::{GradRequest, InvariantBackend, LinearLogpGrads, LinearLogpInputs, Problem};
+use crate::backend::{InvariantBackend, Problem};
 use crate::registry::{Candidate, Implementation, Op};
 
 /// Whether the CubeCL kernels can run `dtype` on this device.
@@ -48,7 +49,7 @@ pub(crate) fn cubecl_candidate<R: CubeRuntime>(device: &R::Device, dtype: DType)
 /// i64 where the runtime has it, so every value keeps its meaning (an unsigned value past
 /// `i64::MAX` becomes negative: out of range, never another class). A runtime without i64 holds
 /// no 64-bit targets, and an unsigned 32-bit value past `i32::MAX` turns negative: out of range.
-fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R> {
+pub(crate) fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R> {
     use burn::tensor::{IntDType, ops::IntTensorOps};
     if matches!(targets.dtype, DType::I32 | DType::I64) {
         return targets;
@@ -59,8 +60,9 @@ fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTensor<R> {
 }
 
 /// Kernel launches only fail on inputs the public API has already rejected: dtypes and shapes
-/// (`api`), sizes (`cubecl_limits` through `check_problem`), 32-bit addressing (`addressable`),
-/// grids (the kernels split launches to the runtime's cube count). A failure here is a bug.
+/// (each op's `api.rs`), sizes (`cubecl_limits` through `check_problem`), 32-bit addressing
+/// (`addressable`), grids (the kernels split launches to the runtime's cube count). A failure
+/// here is a bug.
 pub(crate) fn launched<T>(result: Result<T, KernelError>) -> T {
     result.unwrap_or_else(|err| panic!("burn-invariant: a validated launch was refused: {err}"))
 }
@@ -136,7 +138,7 @@ pub(crate) fn kernel_limit(err: KernelError, problem: Problem) -> InvariantError
 
 /// `t`, copied to a contiguous buffer where its buffer or the span its strides address passes
 /// the kernels' 32-bit offsets (a column slice of a wide tensor); its own element count fits
-/// (`api` checks it), so the copy does.
+/// (each op's `api.rs` checks it), so the copy does.
 pub(crate) fn addressable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     let limit = burn_invariant_cubecl::consts::MAX_INDEX;
     let (shape, strides) = (t.meta.shape(), t.meta.strides());
@@ -160,32 +162,28 @@ pub(crate) fn addressable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     }
 }
 
-fn is_empty(shape: &[usize]) -> bool {
-    shape.contains(&0)
-}
-
-/// CubeCL `matmul` with an optional bias.
-pub(crate) fn matmul<R: CubeRuntime>(
-    lhs: CubeTensor<R>,
-    rhs: CubeTensor<R>,
-    bias: Option<CubeTensor<R>>,
-) -> CubeTensor<R> {
-    let (m, n) = (lhs.meta.shape()[0], rhs.meta.shape()[1]);
-    let out = empty(&lhs, vec![m, n], lhs.dtype);
-    if is_empty(&[m, n]) {
-        return out;
+/// The candidates of an op with raw SM90 kernels: Sm90 first where it can run; otherwise it
+/// stays listed after CubeCl so forcing it explains why not.
+fn with_sm90<R: CubeRuntime>(
+    cubecl: Candidate,
+    device: &R::Device,
+    dtype: DType,
+) -> Vec<Candidate> {
+    #[cfg(feature = "cuda")]
+    let sm90 = sm90::candidate::<R>(device, dtype);
+    #[cfg(not(feature = "cuda"))]
+    let sm90 = {
+        let _ = (device, dtype);
+        Candidate::unavailable(
+            Implementation::Sm90,
+            "needs a CUDA device and the `cuda` feature of burn-invariant",
+        )
+    };
+    if sm90.availability.is_ok() {
+        vec![sm90, cubecl]
+    } else {
+        vec![cubecl, sm90]
     }
-    let (lhs, rhs) = (addressable(lhs), addressable(rhs));
-    let bias = bias.map(|b| addressable(b).binding());
-    launched(gemm::matmul(
-        &lhs.client,
-        &lhs.clone().binding(),
-        &rhs.binding(),
-        bias.as_ref(),
-        &out.clone().binding(),
-        lhs.dtype.into(),
-    ));
-    out
 }
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantBackend
@@ -193,35 +191,17 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
 {
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
         let cubecl = cubecl_candidate::<R>(device, dtype);
-        if matches!(op, Op::Attention | Op::RmsNorm) {
+        match op {
+            Op::Matmul | Op::LinearLogp => with_sm90::<R>(cubecl, device, dtype),
             // No raw SM90 kernels for these ops: Hopper runs the CubeCL ones.
-            return vec![
+            Op::Attention | Op::RmsNorm => vec![
                 cubecl,
                 Candidate::unavailable(
                     Implementation::Sm90,
                     format!("{op:?} has no Sm90 kernels; it runs on CubeCl on every CUDA device"),
                 ),
-            ];
+            ],
         }
-        #[cfg(feature = "cuda")]
-        {
-            let sm90 = sm90::candidate::<R>(device, dtype);
-            // Sm90 first where it can run; otherwise it stays listed so forcing it explains why
-            // not.
-            if sm90.availability.is_ok() {
-                vec![sm90, cubecl]
-            } else {
-                vec![cubecl, sm90]
-            }
-        }
-        #[cfg(not(feature = "cuda"))]
-        vec![
-            cubecl,
-            Candidate::unavailable(
-                Implementation::Sm90,
-                "needs a CUDA device and the `cuda` feature of burn-invariant",
-            ),
-        ]
     }
 
     fn check_problem(
@@ -241,114 +221,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             }
             _ => cubecl_limits::<R>(device, dtype, problem),
         }
-    }
-
-    fn invariant_matmul(
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        bias: Option<FloatTensor<Self>>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self> {
-        // An empty product is the bias or zeros whichever kernel runs (the Sm90 ones need K ≥ 1).
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90
-            && !is_empty(&[
-                lhs.meta.shape()[0],
-                lhs.meta.shape()[1],
-                rhs.meta.shape()[1],
-            ])
-        {
-            return sm90::matmul(lhs, rhs, bias);
-        }
-        let _ = implementation;
-        matmul(lhs, rhs, bias)
-    }
-
-    fn invariant_matmul_grad_lhs(
-        grad: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::matmul_grad_lhs(grad, rhs);
-        }
-        let _ = implementation;
-        // A transposed view (strides swapped, no copy): the kernels take any strides.
-        matmul(grad, Self::float_swap_dims(rhs, 0, 1), None)
-    }
-
-    fn invariant_matmul_grad_rhs(
-        lhs: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::matmul_grad_rhs(lhs, grad);
-        }
-        let _ = implementation;
-        let (k, n) = (lhs.meta.shape()[1], grad.meta.shape()[1]);
-        let m = lhs.meta.shape()[0];
-        if is_empty(&[k, n]) || m == 0 {
-            return zeros(&grad, vec![k, n], grad.dtype);
-        }
-        let out = empty(&grad, vec![k, n], grad.dtype);
-        let (lhs, grad) = (addressable(lhs), addressable(grad));
-        launched(gemm::matmul_row_reduction(
-            &grad.client,
-            &Self::float_swap_dims(lhs, 0, 1).binding(),
-            &grad.clone().binding(),
-            &out.clone().binding(),
-            grad.dtype.into(),
-        ));
-        out
-    }
-
-    fn invariant_sum_rows(
-        grad: FloatTensor<Self>,
-        _implementation: Implementation,
-    ) -> FloatTensor<Self> {
-        let (m, n) = (grad.meta.shape()[0], grad.meta.shape()[1]);
-        if m == 0 || n == 0 {
-            return zeros(&grad, vec![n], grad.dtype);
-        }
-        let out = empty(&grad, vec![n], grad.dtype);
-        let grad = addressable(grad);
-        launched(gemm::col_sum(
-            &grad.client,
-            &grad.clone().binding(),
-            &out.clone().binding(),
-            grad.dtype.into(),
-        ));
-        out
-    }
-
-    fn invariant_linear_logp(
-        inputs: LinearLogpInputs<Self>,
-        implementation: Implementation,
-    ) -> FloatTensor<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::linear_logp(inputs);
-        }
-        let _ = implementation;
-        linear_logp_forward(kernel_inputs(inputs))
-    }
-
-    fn invariant_linear_logp_backward(
-        inputs: LinearLogpInputs<Self>,
-        stats: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        request: GradRequest,
-        implementation: Implementation,
-    ) -> LinearLogpGrads<Self> {
-        #[cfg(feature = "cuda")]
-        if implementation == Implementation::Sm90 {
-            return sm90::linear_logp_backward(inputs, stats, grad, request);
-        }
-        let _ = implementation;
-        linear_logp_backward(inputs, stats, grad, request)
     }
 
     fn invariant_tp_leaf_targets(
@@ -459,179 +331,3 @@ type MergeLaunch<R> = fn(
     &cubecl::prelude::TensorBinding<R>,
     &cubecl::prelude::TensorBinding<R>,
 ) -> Result<(), KernelError>;
-
-/// The inputs as the kernels take them: targets in a kernel dtype, every view addressable.
-fn kernel_inputs<R, F, I, BT>(
-    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
-) -> LinearLogpInputs<CubeBackend<R, F, I, BT>>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    LinearLogpInputs {
-        hidden: addressable(inputs.hidden),
-        weight: addressable(inputs.weight),
-        bias: inputs.bias.map(addressable),
-        targets: addressable(index_targets(inputs.targets)),
-        ..inputs
-    }
-}
-
-/// The CubeCl `linear_logp` forward, in calls of at most
-/// [`logp::linear_logp_forward_max_rows`] rows (rows are independent: the split changes no bit),
-/// all sharing one workspace on the stream.
-fn linear_logp_forward<R, F, I, BT>(
-    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
-) -> CubeTensor<R>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
-    let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
-    let dtype = inputs.hidden.dtype.into();
-    let columns = inputs.head.columns();
-    if n == 0 {
-        return empty(&inputs.hidden, vec![0, columns], DType::F32);
-    }
-    let rows = logp::linear_logp_forward_max_rows(&inputs.hidden.client, v, dtype).min(n);
-    let workspace = empty(
-        &inputs.hidden,
-        vec![logp::linear_logp_forward_workspace_len(rows, v, dtype).max(1)],
-        DType::F32,
-    );
-    let run = |inputs: &LinearLogpInputs<B<R, F, I, BT>>| {
-        let rh = inputs.hidden.meta.shape()[0];
-        let stats = empty(&inputs.hidden, vec![rh, columns], DType::F32);
-        let bindings = LogpBindings::new(inputs);
-        launched(logp::linear_logp_forward(
-            &inputs.hidden.client,
-            &bindings.refs(inputs),
-            &stats.clone().binding(),
-            &workspace.clone().binding(),
-        ));
-        stats
-    };
-    if rows == n {
-        return run(&inputs);
-    }
-    let parts = (0..n)
-        .step_by(rows)
-        .map(|start| {
-            let range = [Slice::from(start..n.min(start + rows))];
-            let part = LinearLogpInputs {
-                hidden: B::<R, F, I, BT>::float_slice(inputs.hidden.clone(), &range),
-                targets: B::<R, F, I, BT>::int_slice(inputs.targets.clone(), &range),
-                ..inputs.clone()
-            };
-            run(&part)
-        })
-        .collect::<Vec<_>>();
-    B::<R, F, I, BT>::float_cat(parts, 0)
-}
-
-/// The CubeCl `linear_logp` backward: zeroed gradients (rows with zero upstream gradient add
-/// nothing), one bounded f32 workspace.
-fn linear_logp_backward<R, F, I, BT>(
-    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
-    stats: CubeTensor<R>,
-    grad: CubeTensor<R>,
-    request: GradRequest,
-) -> LinearLogpGrads<CubeBackend<R, F, I, BT>>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-    let inputs = kernel_inputs(inputs);
-    let hidden_shape = inputs.hidden.meta.shape().to_vec();
-    let weight_shape = inputs.weight.meta.shape().to_vec();
-    let (n, d, v) = (hidden_shape[0], hidden_shape[1], weight_shape[0]);
-    let d_hidden = zeros(&inputs.hidden, hidden_shape, inputs.hidden.dtype);
-    let d_weight = zeros(&inputs.weight, weight_shape, inputs.weight.dtype);
-    let d_bias = inputs.bias.as_ref().map(|b| zeros(b, vec![v], b.dtype));
-    if n > 0 {
-        let workspace_len = launched(logp::linear_logp_backward_workspace_len(
-            n,
-            d,
-            v,
-            inputs.hidden.dtype.into(),
-            inputs.bias.is_some(),
-        ));
-        let workspace = empty(&inputs.hidden, vec![workspace_len.max(1)], DType::F32);
-        let bindings = LogpBindings::new(&inputs);
-        let (dh, dw) = (d_hidden.clone().binding(), d_weight.clone().binding());
-        let db = d_bias.clone().map(|b| b.binding());
-        launched(logp::linear_logp_backward(
-            &inputs.hidden.client,
-            &bindings.refs(&inputs),
-            &stats.binding(),
-            &grad.binding(),
-            &logp::LogpGradRefs {
-                d_hidden: &dh,
-                d_weight: &dw,
-                d_bias: db.as_ref(),
-            },
-            &workspace.binding(),
-        ));
-    }
-    LinearLogpGrads {
-        hidden: request.hidden.then_some(d_hidden),
-        weight: request.weight.then_some(d_weight),
-        bias: d_bias.filter(|_| request.bias),
-    }
-}
-
-/// Owned bindings of the `linear_logp` inputs (the kernel API borrows them).
-struct LogpBindings<R: CubeRuntime> {
-    hidden: cubecl::prelude::TensorBinding<R>,
-    weight: cubecl::prelude::TensorBinding<R>,
-    bias: Option<cubecl::prelude::TensorBinding<R>>,
-    targets: cubecl::prelude::TensorBinding<R>,
-}
-
-impl<R: CubeRuntime> LogpBindings<R> {
-    fn new<
-        B: burn::tensor::backend::Backend<
-                FloatTensorPrimitive = CubeTensor<R>,
-                IntTensorPrimitive = CubeTensor<R>,
-            >,
-    >(
-        inputs: &LinearLogpInputs<B>,
-    ) -> Self {
-        Self {
-            hidden: inputs.hidden.clone().binding(),
-            weight: inputs.weight.clone().binding(),
-            bias: inputs.bias.clone().map(CubeTensor::binding),
-            targets: inputs.targets.clone().binding(),
-        }
-    }
-
-    fn refs<
-        'a,
-        B: burn::tensor::backend::Backend<
-                FloatTensorPrimitive = CubeTensor<R>,
-                IntTensorPrimitive = CubeTensor<R>,
-            >,
-    >(
-        &'a self,
-        inputs: &LinearLogpInputs<B>,
-    ) -> logp::LogpInputRefs<'a, R> {
-        logp::LogpInputRefs {
-            hidden: &self.hidden,
-            weight: &self.weight,
-            bias: self.bias.as_ref(),
-            targets: &self.targets,
-            targets_dtype: inputs.targets.dtype.into(),
-            ignore_index: inputs.ignore_index,
-            dtype: inputs.hidden.dtype.into(),
-            inv_temperature: inputs.head.inv_temperature,
-            entropy: inputs.head.entropy,
-        }
-    }
-}

@@ -17,15 +17,19 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 pub(crate) type Run<B, const F: usize, const I: usize, const O: usize> =
     Box<dyn Fn([FloatTensor<B>; F], [IntTensor<B>; I]) -> [FloatTensor<B>; O] + Send + Sync>;
 
-struct CustomOp<B: FusionBackend, const F: usize, const I: usize, const O: usize> {
+/// [`Run`] for inputs and outputs counted at run time (an optional bias, requested gradients).
+pub(crate) type RunVec<B> =
+    Box<dyn Fn(Vec<FloatTensor<B>>, Vec<IntTensor<B>>) -> Vec<FloatTensor<B>> + Send + Sync>;
+
+struct CustomOp<B: FusionBackend> {
     desc: CustomOpIr,
-    run: Run<B, F, I, O>,
+    /// The first `floats` inputs are float tensors, the others int tensors.
+    floats: usize,
+    run: RunVec<B>,
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend, const F: usize, const I: usize, const O: usize> core::fmt::Debug
-    for CustomOp<B, F, I, O>
-{
+impl<B: FusionBackend> core::fmt::Debug for CustomOp<B> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CustomOp")
             .field("desc", &self.desc)
@@ -33,16 +37,20 @@ impl<B: FusionBackend, const F: usize, const I: usize, const O: usize> core::fmt
     }
 }
 
-impl<B: FusionBackend, const F: usize, const I: usize, const O: usize> Operation<B::FusionRuntime>
-    for CustomOp<B, F, I, O>
-{
+impl<B: FusionBackend> Operation<B::FusionRuntime> for CustomOp<B> {
     fn execute(
         &self,
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
     ) {
-        let inputs = &self.desc.inputs;
-        let floats = std::array::from_fn(|i| handles.get_float_tensor::<B>(&inputs[i]));
-        let ints = std::array::from_fn(|i| handles.get_int_tensor::<B>(&inputs[F + i]));
+        let (floats, ints) = self.desc.inputs.split_at(self.floats);
+        let floats = floats
+            .iter()
+            .map(|t| handles.get_float_tensor::<B>(t))
+            .collect();
+        let ints = ints
+            .iter()
+            .map(|t| handles.get_int_tensor::<B>(t))
+            .collect();
         let results = (self.run)(floats, ints);
         for (out, tensor) in self.desc.outputs.iter().zip(results) {
             handles.register_float_tensor::<B>(&out.id, tensor);
@@ -59,26 +67,51 @@ pub(crate) fn custom_op<B: FusionBackend, const F: usize, const I: usize, const 
     outputs: [(Shape, DType); O],
     run: Run<B, F, I, O>,
 ) -> [FusionTensor<B::FusionRuntime>; O] {
+    let run: RunVec<B> = Box::new(
+        move |floats: Vec<FloatTensor<B>>, ints: Vec<IntTensor<B>>| {
+            let floats = floats
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("the {F} float inputs registered"));
+            let ints = ints
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("the {I} int inputs registered"));
+            Vec::from(run(floats, ints))
+        },
+    );
+    custom_op_vec::<B>(name, floats.into(), ints.into(), outputs.into(), run)
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one tensor per output asked for"))
+}
+
+/// [`custom_op`] with inputs and outputs counted at run time.
+pub(crate) fn custom_op_vec<B: FusionBackend>(
+    name: &'static str,
+    floats: Vec<FusionTensor<B::FusionRuntime>>,
+    ints: Vec<FusionTensor<B::FusionRuntime>>,
+    outputs: Vec<(Shape, DType)>,
+    run: RunVec<B>,
+) -> Vec<FusionTensor<B::FusionRuntime>> {
     let client = floats
         .first()
         .map(|t| t.client.clone())
         .unwrap_or_else(|| unreachable!("every custom op has a float input"));
+    let float_count = floats.len();
     let all: Vec<_> = floats.into_iter().chain(ints).collect();
     let streams = OperationStreams::with_inputs(all.iter());
-    let outputs =
-        outputs.map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape, dtype));
+    let outputs: Vec<TensorIr> = outputs
+        .into_iter()
+        .map(|(shape, dtype)| TensorIr::uninit(client.create_empty_handle(), shape, dtype))
+        .collect();
     let inputs: Vec<TensorIr> = all.into_iter().map(FusionTensor::into_ir).collect();
     let desc = CustomOpIr::new(name, &inputs, &outputs);
-    let registered = client.register(
+    client.register(
         streams,
         OperationIr::Custom(desc.clone()),
-        CustomOp::<B, F, I, O> {
+        CustomOp::<B> {
             desc,
+            floats: float_count,
             run,
             _backend: PhantomData,
         },
-    );
-    registered
-        .try_into()
-        .unwrap_or_else(|_| unreachable!("one tensor per output asked for"))
+    )
 }

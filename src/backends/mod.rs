@@ -14,6 +14,7 @@ pub(crate) mod custom_op;
 #[cfg(feature = "cubecl")]
 mod fusion;
 pub(crate) mod generic;
+pub(crate) mod grads;
 pub(crate) mod ndarray;
 #[cfg(feature = "cuda")]
 pub(crate) mod sm90;

@@ -3,8 +3,8 @@
 use burn::tensor::{DType, Int, Tensor};
 
 use super::{Plan, VocabShard};
-use crate::api::check_linear_logp;
 use crate::backend::Collective;
+use crate::ops::linear_logp::api::check_linear_logp;
 use crate::registry::Implementation;
 use crate::{InvariantBackend, InvariantError, LinearLogpOptions};
 

@@ -79,9 +79,9 @@ pub use collective::{Collective, DEFAULT_TIMEOUT, InProcessGroup, LONGEST_TIMEOU
 pub use collective::{NCCL_DEFAULT_TIMEOUT, NcclGroup, NcclId};
 pub use plan::{Plan, SEGMENT_ALIGN, SEGMENTS, segment_bounds};
 
-use crate::api::split_stats;
 use crate::backend::LinearLogpInputs;
 use crate::backends::generic::{float_primitive, float_tensor};
+use crate::ops::linear_logp::api::split_stats;
 use crate::{InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput};
 
 /// The vocabulary rows `[start, end)` of `[0, global_vocab)` that one rank holds.

@@ -4,8 +4,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::{AttentionInputs, AttentionOptions};
 use crate::backend::Problem;
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::Op;
-use crate::{InvariantBackend, InvariantError, api, validate};
+use crate::registry::implementation_for_problem;
+use crate::{InvariantBackend, InvariantError, validate};
 
 /// Deterministic, batch-invariant attention: `softmax(q·kᵀ·scale)·v` per query over the keys
 /// it sees, with grouped KV heads.
@@ -87,8 +87,7 @@ pub fn attention<B: InvariantBackend>(
         kv_len,
         head_dim,
     };
-    let implementation =
-        api::implementation_for_problem::<B>(Op::Attention, &device, query.dtype(), problem)?;
+    let implementation = implementation_for_problem::<B>(&device, query.dtype(), problem)?;
     let inputs = AttentionInputs {
         query: float_primitive(query),
         key: float_primitive(key),

@@ -11,7 +11,7 @@ use burn_autodiff::{
 
 use super::{AttentionGrads, AttentionInputs, AttentionOps, AttentionOutput};
 use crate::InvariantBackend;
-use crate::backends::autodiff::register_grads;
+use crate::backends::grads::register_grads;
 use crate::registry::Implementation;
 
 #[derive(Debug)]

@@ -4,8 +4,8 @@ use burn::tensor::Tensor;
 use super::RmsNormInputs;
 use crate::backend::Problem;
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::Op;
-use crate::{InvariantBackend, InvariantError, api, validate};
+use crate::registry::implementation_for_problem;
+use crate::{InvariantBackend, InvariantError, validate};
 
 /// Deterministic, batch-invariant RMSNorm over the last dimension:
 /// `y = x / sqrt(mean(x²) + eps) · gamma`, computed in f32 in a fixed order and rounded once to
@@ -41,12 +41,8 @@ pub fn rms_norm<B: InvariantBackend, const D: usize>(
     }
     validate::index_limit("x", &shape)?;
     let n = shape[..D - 1].iter().product::<usize>();
-    let implementation = api::implementation_for_problem::<B>(
-        Op::RmsNorm,
-        &device,
-        x.dtype(),
-        Problem::RmsNorm { n, d },
-    )?;
+    let implementation =
+        implementation_for_problem::<B>(&device, x.dtype(), Problem::RmsNorm { n, d })?;
     let inputs = RmsNormInputs {
         x: float_primitive(x.reshape([n, d])),
         gamma: float_primitive(gamma),

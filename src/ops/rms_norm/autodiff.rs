@@ -10,7 +10,7 @@ use burn_autodiff::{
 
 use super::{RmsNormGrads, RmsNormInputs, RmsNormOps};
 use crate::InvariantBackend;
-use crate::backends::autodiff::register_grads;
+use crate::backends::grads::register_grads;
 use crate::registry::Implementation;
 
 #[derive(Debug)]

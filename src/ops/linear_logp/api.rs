@@ -1,11 +1,11 @@
-//! The public functions (docs/CONTRACT.md, *Public API*): validate, ask the registry, then run
-//! the primitive.
-use burn::tensor::{DType, Int, Tensor};
+//! The public `linear_logp`, `linear_logp_with_lse` and `linear_logp_full` (docs/CONTRACT.md,
+//! *Public API*), their options and output: validation, the registry's choice, the primitive.
+use burn::tensor::{Int, Tensor};
 
-use crate::backend::{InvariantBackend, LinearLogpInputs, LogpHead, Problem};
+use super::{LinearLogpInputs, LogpHead};
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::{Implementation, Op, forced_implementation, implementation_for};
-use crate::{InvariantError, validate};
+use crate::registry::{Implementation, Problem, implementation_for_problem};
+use crate::{InvariantBackend, InvariantError, validate};
 
 /// Options of [`linear_logp`], [`linear_logp_with_lse`] and [`linear_logp_full`].
 #[derive(Debug, Clone, PartialEq)]
@@ -92,104 +92,6 @@ pub struct LinearLogpOutput<B: burn::tensor::backend::Backend> {
     /// `lse[i] − Σ_j softmax(z[i])_j · z[i, j]` (nats), `Some` iff
     /// [`LinearLogpOptions::entropy`]; 0 for ignored rows.
     pub entropy: Option<Tensor<B, 1>>,
-}
-
-/// Deterministic, batch-invariant `lhs [M, K] · rhs [K, N] → [M, N]`.
-///
-/// Row `i` of the result depends only on `lhs[i, :]` and `rhs`: never on M, on other rows,
-/// or on how rows are split over calls. f32 accumulation, output in the input dtype.
-pub fn matmul<B: InvariantBackend>(
-    lhs: Tensor<B, 2>,
-    rhs: Tensor<B, 2>,
-) -> Result<Tensor<B, 2>, InvariantError> {
-    gemm(lhs, rhs, None)
-}
-
-fn gemm<B: InvariantBackend>(
-    lhs: Tensor<B, 2>,
-    rhs: Tensor<B, 2>,
-    bias: Option<Tensor<B, 1>>,
-) -> Result<Tensor<B, 2>, InvariantError> {
-    let (lhs_shape, rhs_shape) = (lhs.dims(), rhs.dims());
-    let device = lhs.device();
-    validate::float_dtype("lhs", lhs.dtype())?;
-    validate::same_dtype("rhs", "lhs", lhs.dtype(), rhs.dtype())?;
-    validate::same_device::<B>("rhs", "lhs", &device, &rhs.device())?;
-    validate::dim(
-        "rhs",
-        &rhs_shape,
-        0,
-        lhs_shape[1],
-        "the inner dimension K of `lhs`",
-    )?;
-    validate::index_limit("lhs", &lhs_shape)?;
-    validate::index_limit("rhs", &rhs_shape)?;
-    validate::index_limit("output", &[lhs_shape[0], rhs_shape[1]])?;
-    if let Some(bias) = &bias {
-        validate::same_dtype("bias", "lhs", lhs.dtype(), bias.dtype())?;
-        validate::same_device::<B>("bias", "lhs", &device, &bias.device())?;
-        validate::dim(
-            "bias",
-            &bias.dims(),
-            0,
-            rhs_shape[1],
-            "the output features N",
-        )?;
-    }
-    let problem = Problem::Matmul {
-        m: lhs_shape[0],
-        k: lhs_shape[1],
-        n: rhs_shape[1],
-    };
-    let implementation =
-        implementation_for_problem::<B>(Op::Matmul, &device, lhs.dtype(), problem)?;
-    let out = B::invariant_matmul(
-        float_primitive(lhs),
-        float_primitive(rhs),
-        bias.map(float_primitive),
-        implementation,
-    );
-    Ok(float_tensor(out))
-}
-
-/// Batch-invariant `input [.., K] · weight [K, N] (+ bias [N]) → [.., N]`, Burn's `Linear`
-/// layout. The bias is added in f32 before the final rounding.
-pub fn linear<B: InvariantBackend, const D: usize>(
-    input: Tensor<B, D>,
-    weight: Tensor<B, 2>,
-    bias: Option<Tensor<B, 1>>,
-) -> Result<Tensor<B, D>, InvariantError> {
-    let dims = input.dims();
-    let Some(&k) = dims.last() else {
-        return Err(InvariantError::Shape {
-            arg: "input",
-            expected: "at least one dimension (the features K)".into(),
-            got: vec![],
-        });
-    };
-    let [weight_k, n] = weight.dims();
-    if weight_k != k {
-        return Err(InvariantError::Shape {
-            arg: "weight",
-            expected: format!("dimension 0 = {k} (the last dimension of `input`)"),
-            got: vec![weight_k, n],
-        });
-    }
-    let Some(rows) = dims[..D - 1]
-        .iter()
-        .try_fold(1usize, |acc, &e| acc.checked_mul(e))
-    else {
-        return Err(InvariantError::TooLarge {
-            arg: "input",
-            what: "the rows (the product of the leading dimensions)",
-            got: u64::MAX,
-            limit: validate::INDEX_LIMIT,
-        });
-    };
-    let out = gemm(input.reshape([rows, k]), weight, bias)?;
-    let mut out_dims = dims;
-    out_dims[D - 1] = n;
-    Ok(out.reshape(out_dims))
 }
 
 /// `log_softmax(z)[i, targets[i]]` with `z = (hidden · weightᵀ + bias) / T` as f32 `[N]`, without
@@ -334,57 +236,9 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     // The per-row statistics `[N, 3]` and their gradient are indexed by the kernels too.
     validate::index_limit("targets", &[n, 3])?;
     let problem = Problem::LinearLogp { n, d, v };
-    let implementation =
-        implementation_for_problem::<B>(Op::LinearLogp, &device, hidden.dtype(), problem)?;
+    let implementation = implementation_for_problem::<B>(&device, hidden.dtype(), problem)?;
     if !options.skip_target_check && n > 0 {
         validate::targets_in_range(targets, v, options.ignore_index)?;
     }
     Ok(implementation)
-}
-
-/// The registry's choice for `problem`. Where the preferred implementation refuses these sizes
-/// for a reason other than the number of rows (Sm90 and D = 0), the next available one that
-/// takes them runs instead. A forced implementation that refuses them is an error.
-pub(crate) fn implementation_for_problem<B: InvariantBackend>(
-    op: Op,
-    device: &B::Device,
-    dtype: DType,
-    problem: Problem,
-) -> Result<Implementation, InvariantError> {
-    let chosen = implementation_for::<B>(op, device, dtype)?;
-    let Err(refused) = B::check_problem(chosen, device, dtype, problem) else {
-        return Ok(chosen);
-    };
-    // No other choice when forced, or when the refusal is for the number of rows alone:
-    // choosing by rows would break row invariance.
-    let one_row = match problem {
-        Problem::Matmul { k, n, .. } => Problem::Matmul { m: 1, k, n },
-        Problem::LinearLogp { d, v, .. } => Problem::LinearLogp { n: 1, d, v },
-        Problem::Attention {
-            heads,
-            kv_heads,
-            kv_len,
-            head_dim,
-            ..
-        } => Problem::Attention {
-            batch: 1,
-            heads,
-            kv_heads,
-            q_len: 1,
-            kv_len,
-            head_dim,
-        },
-        Problem::RmsNorm { d, .. } => Problem::RmsNorm { n: 1, d },
-    };
-    if forced_implementation()?.is_some()
-        || B::check_problem(chosen, device, dtype, one_row).is_ok()
-    {
-        return Err(refused);
-    }
-    B::implementations(op, device, dtype)
-        .into_iter()
-        .filter(|c| c.availability.is_ok())
-        .map(|c| c.implementation)
-        .find(|&imp| B::check_problem(imp, device, dtype, problem).is_ok())
-        .ok_or(refused)
 }
