@@ -2,7 +2,7 @@
 //! device machine), each raw and under Fusion. Without a device a test prints a notice and
 //! passes, unless `BURN_INVARIANT_REQUIRE_WGPU=1` / `BURN_INVARIANT_REQUIRE_CUDA=1` makes the
 //! missing device a failure (CI sets the first, the GPU run the second).
-#![cfg(any(feature = "wgpu", feature = "cuda"))]
+#![cfg(any(feature = "wgpu", feature = "cuda", feature = "rocm"))]
 
 #[macro_use]
 mod common;
@@ -249,6 +249,42 @@ mod cuda {
             let Some(device) = device() else { return };
             super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
         }
+    }
+}
+
+/// ROCm (`CubeBackend<HipRuntime, ..>`, burn-rocm's `Rocm<F>` without fusion): the `CubeCl`
+/// kernels, for an f32 and a bf16 float element. Without an AMD device the tests print a notice
+/// and pass, unless `BURN_INVARIANT_REQUIRE_ROCM=1`.
+#[cfg(feature = "rocm")]
+mod rocm {
+    pub use super::common::rocm_device as device;
+
+    mod f32 {
+        use super::super::common;
+        type B = burn_cubecl::CubeBackend<cubecl::hip::HipRuntime, f32, i32, u8>;
+        type AD = burn::backend::Autodiff<B>;
+        invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::F32, burn::tensor::DType::F16, burn::tensor::DType::BF16], other_dtype: burn::tensor::DType::BF16);
+
+        #[test]
+        #[serial]
+        fn f32_matmul_bitwise_equals_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_matmul_equals_reference::<B>(&device);
+        }
+
+        #[test]
+        #[serial]
+        fn f32_attention_and_rms_norm_bitwise_equal_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
+        }
+    }
+
+    mod bf16 {
+        use super::super::common;
+        type B = burn_cubecl::CubeBackend<cubecl::hip::HipRuntime, half::bf16, i32, u8>;
+        type AD = burn::backend::Autodiff<B>;
+        invariant_testsuite!(B, AD, super::device(), dtypes: [burn::tensor::DType::BF16], other_dtype: burn::tensor::DType::F16);
     }
 }
 

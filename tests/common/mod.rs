@@ -1446,6 +1446,19 @@ pub fn cuda_device() -> Option<burn_cuda::CudaDevice> {
     })
 }
 
+/// HIP device 0, probed once per test binary (`None`, with a notice, where no AMD GPU or HIP
+/// library exists, unless `BURN_INVARIANT_REQUIRE_ROCM=1`).
+#[cfg(feature = "rocm")]
+pub fn rocm_device() -> Option<cubecl::hip::AmdDevice> {
+    static CELL: std::sync::OnceLock<Option<cubecl::hip::AmdDevice>> = std::sync::OnceLock::new();
+    probe(&CELL, "rocm", "BURN_INVARIANT_REQUIRE_ROCM", || {
+        let device = cubecl::hip::AmdDevice::new(0);
+        // HIP's library is loaded on first use; creating the client panics without it or a GPU.
+        let _ = <cubecl::hip::HipRuntime as cubecl::Runtime>::client(&device);
+        Some(device)
+    })
+}
+
 /// The default wgpu device, probed once per test binary (`None`, with a notice, where no adapter
 /// exists, unless `BURN_INVARIANT_REQUIRE_WGPU=1`).
 #[cfg(feature = "wgpu")]
