@@ -1452,10 +1452,16 @@ pub fn cuda_device() -> Option<burn_cuda::CudaDevice> {
 pub fn rocm_device() -> Option<cubecl::hip::AmdDevice> {
     static CELL: std::sync::OnceLock<Option<cubecl::hip::AmdDevice>> = std::sync::OnceLock::new();
     probe(&CELL, "rocm", "BURN_INVARIANT_REQUIRE_ROCM", || {
-        let device = cubecl::hip::AmdDevice::new(0);
-        // HIP's library is loaded on first use; creating the client panics without it or a GPU.
-        let _ = <cubecl::hip::HipRuntime as cubecl::Runtime>::client(&device);
-        Some(device)
+        // cubecl's HIP server aborts the process where HIP's library or a GPU is missing, so
+        // both are asked first.
+        if !cubecl_hip_sys::is_available() {
+            return None;
+        }
+        let mut count = 0;
+        // SAFETY: writes one int.
+        let status = unsafe { cubecl_hip_sys::hipGetDeviceCount(&mut count) };
+        (status == cubecl_hip_sys::hipError_t_hipSuccess && count > 0)
+            .then(|| cubecl::hip::AmdDevice::new(0))
     })
 }
 
