@@ -673,6 +673,12 @@ fn math_matches_reference_bitwise_on<R: Runtime>(client: &ComputeClient<R>) {
     let g: Vec<f32> = root.iter().map(|&i| got[3 * n + i]).collect();
     let w: Vec<f32> = root.iter().map(|&i| xs[i].abs().sqrt()).collect();
     assert_bits("sqrt_rn", &g, &w);
+    let recip: Vec<usize> = (0..n)
+        .filter(|&i| normal(xs[i]) && normal(1.0 / xs[i]))
+        .collect();
+    let g: Vec<f32> = recip.iter().map(|&i| got[4 * n + i]).collect();
+    let w: Vec<f32> = recip.iter().map(|&i| 1.0 / xs[i]).collect();
+    assert_bits("recip_rn", &g, &w);
 }
 
 #[test]

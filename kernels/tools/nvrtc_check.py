@@ -7,8 +7,13 @@ Entry points: every `entry` line of kernels/entries.txt (read_table() below; the
 Default: each entry point compiled alone, as the Rust side does ("#define IB_SELECT" + "#define IB_ENTRY_<name>"
 prepended), and checked to be exported. --full: each whole file instead (all entry points in one cubin; --out DIR
 writes those cubins for sm90_harness.py --cubin-dir). Exit status 0 only if everything compiles and exports.
-Usage: nvrtc_check.py [--full] [--out DIR] [--ptxas-v] [--verbose]
+--cubecl DIR: instead, every CubeCL kernel source that cubecl-kernels/tests/codegen.rs wrote (DIR/sm_80/*.cu and
+DIR/sm_90/*.cu, one per kernel variant the crate launches), compiled as cubecl-cuda compiles them at run time
+(--gpu-architecture=sm_80, or sm_90a for 9.0; -lineinfo; the CUDA and CCCL headers); HIP folders must be non-empty.
+Usage: nvrtc_check.py [--full] [--out DIR] [--ptxas-v] [--verbose] | --cubecl DIR
 """
+import concurrent.futures
+import hashlib
 import collections
 import ctypes
 import glob
@@ -71,7 +76,8 @@ def _include_dirs():
     try:
         import nvidia
         for base in list(nvidia.__path__):
-            for sub in ("cu13/include", "cuda_runtime/include", "cuda_nvrtc/include", "cuda_crt/include"):
+            for sub in ("cu13/include", "cu13/include/cccl", "cuda_runtime/include", "cuda_nvrtc/include",
+                        "cuda_crt/include", "cuda_cccl/include"):
                 d = os.path.join(base, sub)
                 if os.path.isdir(d):
                     dirs.append(d)
@@ -118,7 +124,7 @@ def kernel_source(cu_name, entry=None):
     return sel + common + "\n" + body  # exactly what the Rust side concatenates
 
 
-def compile_cubin(src, name="kernel.cu", extra=()):
+def compile_cubin(src, name="kernel.cu", extra=(), arch="sm_90a"):
     """Returns (cubin bytes, log). Raises RuntimeError with the log on failure."""
     lib = load_nvrtc()
     prog = ctypes.c_void_p()
@@ -126,7 +132,7 @@ def compile_cubin(src, name="kernel.cu", extra=()):
     if r != 0:
         raise RuntimeError(f"nvrtcCreateProgram failed: {r}")
     inc = _include_dirs()
-    opts = ["--gpu-architecture=sm_90a", "-lineinfo"] + [f"--include-path={d}" for d in inc] + list(extra)
+    opts = [f"--gpu-architecture={arch}", "-lineinfo"] + [f"--include-path={d}" for d in inc] + list(extra)
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     r = lib.nvrtcCompileProgram(prog, len(opts), arr)
     n = ctypes.c_size_t()
@@ -144,7 +150,51 @@ def compile_cubin(src, name="kernel.cu", extra=()):
     return cubin.raw, log
 
 
+def check_cubecl(root):
+    """Every CUDA source under root/sm_*/ compiled for its folder's architecture (each distinct
+    source once per architecture); every HIP folder non-empty. Returns True when all pass."""
+    ok, jobs = True, []
+    for arch_dir in sorted(glob.glob(os.path.join(root, "*"))):
+        arch = os.path.basename(arch_dir)
+        files = sorted(glob.glob(os.path.join(arch_dir, "*.cu")) + glob.glob(os.path.join(arch_dir, "*.hip")))
+        if not files:
+            print(f"FAIL {arch}: no kernel sources in {arch_dir}", flush=True)
+            ok = False
+            continue
+        if not arch.startswith("sm_"):
+            print(f"OK   {arch}: {len(files)} HIP sources generated (no HIP compiler here)", flush=True)
+            continue
+        nv_arch = arch + ("a" if int(arch[3:]) >= 90 else "")
+        seen = {}
+        for path in files:
+            with open(path) as f:
+                src = f.read()
+            seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
+        jobs += [(nv_arch, path, src) for path, src in seen.values()]
+        print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources", flush=True)
+
+    def one(job):
+        nv_arch, path, src = job
+        try:
+            compile_cubin(src, os.path.basename(path), arch=nv_arch)
+            return None
+        except (RuntimeError, OSError) as e:
+            return f"FAIL {nv_arch} {os.path.relpath(path, root)}: {e}"
+
+    t = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        failures = [r for r in pool.map(one, jobs) if r]
+    for failure in failures:
+        # The source is in the file; the log's first lines say why.
+        print(failure[:4000], flush=True)
+    print(f"{'OK  ' if not failures else 'FAIL'} {len(jobs) - len(failures)}/{len(jobs)} CubeCL CUDA sources compile "
+          f"({time.time() - t:.0f}s)", flush=True)
+    return ok and not failures
+
+
 def main():
+    if "--cubecl" in sys.argv:
+        sys.exit(0 if check_cubecl(sys.argv[sys.argv.index("--cubecl") + 1]) else 1)
     verbose = "--verbose" in sys.argv
     full = "--full" in sys.argv or "--out" in sys.argv
     extra = ["--ptxas-options=-v"] if "--ptxas-v" in sys.argv else []

@@ -199,6 +199,20 @@ pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     select(normal, f32::reinterpret(bits), q0)
 }
 
+/// `1 / b` correctly rounded: [`div_rn`] with the numerator's fields written out (significand
+/// 1, biased exponent 127, sign +). A numerator given as the literal `1.0` would reach CUDA as a
+/// `reinterpret_cast` of a literal, which NVRTC rejects.
+#[cube]
+pub fn recip_rn(b: f32, #[comptime] emulate: bool) -> f32 {
+    let q0 = 1.0f32 / b;
+    let bb = u32::reinterpret(b);
+    let bq = u32::reinterpret(significand_quotient(1.0f32, significand(bb), emulate));
+    let e = exponent(bq) + 127i32 - exponent(bb);
+    let normal = is_normal(bb) && normal_exponent(e);
+    let bits = (bq & 0x007f_ffffu32) | (u32::cast_from(e) << 23u32) | (bb & 0x8000_0000u32);
+    select(normal, f32::reinterpret(bits), q0)
+}
+
 /// The biased exponent field of `bits`.
 #[cube]
 fn exponent(bits: u32) -> i32 {
@@ -288,7 +302,8 @@ pub fn sqrt_rn(x: f32, #[comptime] emulate: bool) -> f32 {
 const SQRT_STEPS: u32 = 4;
 
 /// `out[i] = exp_p(x[i])`, `out[n + i] = ln_p(x[i])`, `out[2n + i] = div_rn(x[i], x[i + 1])`
-/// (`x[0]` after the last), `out[3n + i] = sqrt_rn(|x[i]|)`, for testing the device functions.
+/// (`x[0]` after the last), `out[3n + i] = sqrt_rn(|x[i]|)`, `out[4n + i] = recip_rn(x[i])`, for
+/// testing the device functions.
 #[cube(launch_unchecked)]
 pub(crate) fn math_probe_kernel(x: &Array<f32>, out: &mut Array<f32>, #[comptime] emulate: bool) {
     let i = ABSOLUTE_POS;
@@ -298,6 +313,7 @@ pub(crate) fn math_probe_kernel(x: &Array<f32>, out: &mut Array<f32>, #[comptime
         out[n + i] = ln_p(x[i], emulate);
         out[2 * n + i] = div_rn(x[i], x[(i + 1) % n], emulate);
         out[3 * n + i] = sqrt_rn(f32::abs(x[i]), emulate);
+        out[4 * n + i] = recip_rn(x[i], emulate);
     }
 }
 

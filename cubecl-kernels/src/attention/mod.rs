@@ -110,7 +110,7 @@ pub fn attention_limits<R: Runtime>(
 }
 
 /// [`math`]'s functions of `x` on the device (`exp_p`, `ln_p`, `div_rn` of neighbours, `sqrt_rn`
-/// of `|x|`: `4·n` values, see `math_probe_kernel`), for tests.
+/// of `|x|`, `recip_rn`: `5·n` values, see `math_probe_kernel`), for tests.
 #[doc(hidden)]
 pub fn attention_math_on_device<R: Runtime>(
     client: &ComputeClient<R>,
@@ -122,14 +122,14 @@ pub fn attention_math_on_device<R: Runtime>(
     }
     let (gx, _) = check_grid(client, "x", n.div_ceil(256), 1)?;
     let input = client.create_from_slice(f32::as_bytes(x));
-    let output = client.empty(4 * n * 4);
+    let output = client.empty(5 * n * 4);
     unsafe {
         math::math_probe_kernel::launch_unchecked::<R>(
             client,
             CubeCount::Static(gx, 1, 1),
             CubeDim::new_1d(256),
             ArrayArg::from_raw_parts(input, n),
-            ArrayArg::from_raw_parts(output.clone(), 4 * n),
+            ArrayArg::from_raw_parts(output.clone(), 5 * n),
             fma_mode(client) == FmaMode::Emulated,
         )
     };

@@ -8,7 +8,7 @@
 //! lane `t` is still the fma chain over `d = t, t + 256, …` ascending. Loads are clamped into the
 //! row (always valid addresses) and their terms selected away, so a batch of loads issues at once.
 
-use crate::attention::math::{div_rn, sqrt_rn};
+use crate::attention::math::{div_rn, recip_rn, sqrt_rn};
 use crate::consts::{RMS_NORM_LANES, RMS_NORM_ROW_BLOCK};
 use crate::gemm::fma::fma_f32;
 use crate::gemm::view::StridedView;
@@ -169,7 +169,7 @@ pub(crate) struct Column<F: Float> {
 #[cube]
 fn inv_rms(ss: f32, d_f: f32, eps: f32, #[comptime] emulate: bool) -> f32 {
     let ms = div_rn(ss, d_f, emulate) + eps;
-    div_rn(1.0f32, sqrt_rn(ms, emulate), emulate)
+    recip_rn(sqrt_rn(ms, emulate), emulate)
 }
 
 /// `y[row, :] = (x·r)·gamma` with `r = 1 / sqrt(Σ x² / D + eps)`, `rows_per_cube` rows per cube
@@ -570,4 +570,11 @@ pub(crate) fn rms_norm_zero_kernel<F: Float>(
     if col < cols as usize {
         out[o_off as usize + col * o_stride as usize] = F::cast_from(0.0f32);
     }
+}
+
+/// `with_rejected_launch`'s kernel: the bits of a literal, which cubecl's C++ generator writes as
+/// `reinterpret_cast` of a prvalue and NVRTC rejects.
+#[cube(launch_unchecked)]
+pub(crate) fn rejected_kernel(out: &mut Array<u32>) {
+    out[0] = u32::reinterpret(1.0f32);
 }

@@ -35,6 +35,27 @@ use kernels::{
     rms_norm_dx_kernel, rms_norm_forward_kernel, rms_norm_partials_kernel, rms_norm_zero_kernel,
 };
 
+thread_local! {
+    static REJECTED_LAUNCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test hook: runs `f` with this thread's [`rms_norm_forward`] launching, in place of its own
+/// kernel, one that CUDA's compiler rejects (a bit-reinterpretation of a literal, the fault that
+/// once broke RMSNorm there), so that a caller's handling of a failed launch can be tested; the
+/// output is left unwritten. Other runtimes may compile it. Other threads are unaffected; the
+/// previous setting is restored when `f` returns or unwinds.
+#[doc(hidden)]
+pub fn with_rejected_launch<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            REJECTED_LAUNCH.with(|on| on.set(self.0));
+        }
+    }
+    let _restore = Restore(REJECTED_LAUNCH.with(|on| on.replace(true)));
+    f()
+}
+
 /// The inputs of [`rms_norm_forward`] and [`rms_norm_backward`].
 pub struct RmsNormRefs<'a, R: Runtime> {
     /// `[N, D]`, any strides.
@@ -168,6 +189,18 @@ pub fn rms_norm_forward<R: Runtime>(
     let ov = check_out_view("out", out, 2, c.es)?;
     expect_shape("out", &ov, &[c.n, c.d])?;
     if c.n == 0 || c.d == 0 {
+        return Ok(());
+    }
+    if REJECTED_LAUNCH.with(std::cell::Cell::get) {
+        let scratch = client.empty(4);
+        unsafe {
+            kernels::rejected_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(1, 1, 1),
+                CubeDim::new_1d(1),
+                ArrayArg::from_raw_parts(scratch, 1),
+            )
+        };
         return Ok(());
     }
     let emulate = fma_mode(client) == FmaMode::Emulated;
