@@ -3,14 +3,23 @@
 # N=4096, D=2048, V=131072 (bf16), one thread per GPU and one process per GPU, and optionally extra single-GPU checks. Expects the stripped
 # binaries (xz) in .gpu/ (gpu_tp, tp_linear_logp, and gpu for MODE=all); logs go to $OUT.
 set -uo pipefail
-cd .gpu && for f in *.xz; do xz -d -f "$f"; done && chmod +x ./* && cd ..
+cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done && chmod +x ./* && cd ..
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=index,name,driver_version --format=csv > "$OUT/device.txt"; nvidia-smi topo -m >> "$OUT/device.txt" 2>&1; date -u >> "$OUT/device.txt"
-step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test |test result|^RESULT|^tp world|^single|bitwise|vs single|rank 0: |panicked|^OK|^FAILED" "$OUT/$name.log" | head -60; }
+step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "test result|FAILED|^RESULT|^tp world|^single|bitwise|panicked|^OK" "$OUT/$name.log" | head -40; }
 GPUS=$(nvidia-smi -L | wc -l)
-step tp_tests 400 .gpu/gpu_tp --test-threads=1
-step tp_bench 300 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 131072 9
-step tp_bench_procs 200 .gpu/tp_linear_logp --cuda-procs "$GPUS" 4096 2048 131072 9
-if [[ ${1:-} == all ]]; then
+# `$1` = all | tests | bench (default: tests and bench).
+MODE=${1:-default}
+if [[ $MODE != bench ]]; then
+  step tp_tests 300 .gpu/gpu_tp --test-threads=1
+fi
+if [[ $MODE != tests ]]; then
+  # Each call waits for its exchange (the default), then with deferred failures (returns once enqueued).
+  step tp_bench 100 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 131072 9
+  step tp_bench_deferred 100 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 131072 9 --deferred
+  step tp_bench_procs_deferred 100 .gpu/tp_linear_logp --cuda-procs "$GPUS" 4096 2048 131072 9 --deferred
+  step tp_bench_262k_deferred 100 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 262144 9 --deferred
+fi
+if [[ $MODE == all ]]; then
   step large_batch 200 .gpu/gpu cuda_large_batch fusion_sm90 --include-ignored --test-threads=1
 fi

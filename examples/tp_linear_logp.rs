@@ -11,6 +11,7 @@
 //! cargo run --release --example tp_linear_logp -- [world] [tokens] [hidden] [vocab] [iters]
 //! cargo run --release --features cuda --example tp_linear_logp -- --cuda 4 4096 2048 131072 5
 //! cargo run --release --features cuda --example tp_linear_logp -- --cuda-procs 4 4096 2048 131072 5
+//! cargo run --release --features cuda --example tp_linear_logp -- --cuda 4 4096 2048 131072 5 --deferred
 //! ```
 //! Defaults: world 4, N 64, D 128, V 8192, 1 iteration. CPU mode runs one thread per rank on
 //! the NdArray reference with the in-process group. `--cuda` runs one thread per GPU (bf16,
@@ -18,6 +19,9 @@
 //! per GPU; it needs `world` visible GPUs. `--cuda-procs` runs the same world with one *process*
 //! per GPU, the multi-process setup (`NcclId` made by the parent, passed to every rank in the
 //! environment, `NcclGroup::new` per rank); rank 0 then also runs world 1 and checks the bits.
+//! `--deferred` builds the NCCL groups `with_deferred_failures(true)`: a call returns without
+//! waiting on the host for its exchange. Besides each step timed alone, `pipelined` is the time
+//! per step of `iters` steps enqueued back to back with one device sync at the end.
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -38,14 +42,16 @@ struct Data {
     targets: Vec<i64>,
 }
 
-/// logp, lse, dHidden (rank 0's; every rank has the same), the median time and the median
-/// host time (until the backward has been enqueued, before the closing device sync).
+/// logp, lse, dHidden (rank 0's; every rank has the same), the median time, the median host
+/// time (until the step returned, before the closing device sync), and the time per step of
+/// steps enqueued back to back.
 struct Run {
     logp: Vec<f32>,
     lse: Vec<f32>,
     dhidden: Vec<f32>,
     time: Duration,
     host: Duration,
+    pipelined: Duration,
 }
 
 fn data(n: usize, d: usize, v: usize) -> Data {
@@ -110,14 +116,24 @@ impl Platform for Cpu {
 }
 
 #[cfg(feature = "cuda")]
-struct Gpu;
+struct Gpu {
+    /// `NcclGroup::with_deferred_failures`.
+    deferred: bool,
+}
 
 #[cfg(feature = "cuda")]
 impl Platform for Gpu {
     type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
     type G = tp::NcclGroup;
     fn name(&self) -> String {
-        "one CUDA GPU per rank (bf16, NCCL group)".into()
+        format!(
+            "one CUDA GPU per rank (bf16, NCCL group{})",
+            if self.deferred {
+                ", deferred failures"
+            } else {
+                ""
+            }
+        )
     }
     fn dtype(&self) -> DType {
         DType::BF16
@@ -127,7 +143,11 @@ impl Platform for Gpu {
     }
     fn groups(&self, world: usize) -> Vec<Self::G> {
         let devices: Vec<_> = (0..world).map(|r| self.device(r)).collect();
-        tp::NcclGroup::for_devices(&devices).expect("NCCL group")
+        tp::NcclGroup::for_devices(&devices)
+            .expect("NCCL group")
+            .into_iter()
+            .map(|g| g.with_deferred_failures(self.deferred))
+            .collect()
     }
 }
 
@@ -166,7 +186,8 @@ type Outputs<P> = (
 
 /// One untimed warm-up (kernel compilation, NCCL connections), then `iters` timed calls of
 /// `step` (forward + backward, returning logp, lse, dHidden). Each call starts after a device
-/// sync and `before` (the ranks' barrier) and ends with a device sync.
+/// sync and `before` (the ranks' barrier) and ends with a device sync. Then `iters` calls
+/// back to back, one device sync at the end: the pipelined time per step.
 fn timed<P: Platform>(
     device: &burn::tensor::Device<P::B>,
     iters: usize,
@@ -186,6 +207,13 @@ fn timed<P: Platform>(
         times.push(start.elapsed());
         last = Some(outputs);
     }
+    before();
+    let start = Instant::now();
+    for _ in 0..iters {
+        step();
+    }
+    <P::B as Backend>::sync(device).expect("device sync");
+    let pipelined = start.elapsed() / iters as u32;
     let (logp, lse, dhidden) = last.expect("at least one run");
     Run {
         logp: host(logp),
@@ -193,6 +221,7 @@ fn timed<P: Platform>(
         dhidden: host(dhidden),
         time: median(times[1..].to_vec()),
         host: median(host_times[1..].to_vec()),
+        pipelined,
     }
 }
 
@@ -261,10 +290,12 @@ fn run_tp<P: Platform>(platform: &Arc<P>, data: &Arc<Data>, world: usize, iters:
         .collect();
     let time = runs.iter().map(|r| r.time).max().unwrap_or_default();
     let host = runs.iter().map(|r| r.host).max().unwrap_or_default();
+    let pipelined = runs.iter().map(|r| r.pipelined).max().unwrap_or_default();
     let first = runs.into_iter().next().expect("world ≥ 1");
     Run {
         time,
         host,
+        pipelined,
         ..first
     }
 }
@@ -319,8 +350,8 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
     let data = Arc::new(data(n, d, v));
     let single = run_single(&*platform, &data, iters);
     println!(
-        "single-rank linear_logp: {:>10.3?}  (host {:.3?})",
-        single.time, single.host
+        "single-rank linear_logp: {:>10.3?}  (host {:.3?}, pipelined {:.3?})",
+        single.time, single.host, single.pipelined
     );
     // Within rounding of the single-rank API (a different summation order); bf16 inputs
     // round dHidden once per leaf.
@@ -341,8 +372,8 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
     };
     let base = run_tp(&platform, &data, 1, iters);
     println!(
-        "tp world 1             : {:>10.3?}  (host {:.3?})",
-        base.time, base.host
+        "tp world 1             : {:>10.3?}  (host {:.3?}, pipelined {:.3?})",
+        base.time, base.host, base.pipelined
     );
     close_to_single(&base);
     let mut worlds = vec![world];
@@ -352,16 +383,25 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
     for w in worlds.into_iter().filter(|&w| w > 1) {
         let run = run_tp(&platform, &data, w, iters);
         println!(
-            "tp world {w}             : {:>10.3?}  ({:.3}× world 1, host {:.3?})",
+            "tp world {w}             : {:>10.3?}  ({:.3}× world 1, host {:.3?}, pipelined {:.3?})",
             run.time,
             run.time.as_secs_f64() / base.time.as_secs_f64(),
-            run.host
+            run.host,
+            run.pipelined
         );
+        let ms = |t: Duration| t.as_secs_f64() * 1e3;
         println!(
-            "RESULT tp_fwd_bwd world={w} n={n} d={d} v={v} ms={:.3} world1_ms={:.3} ratio={:.3}",
-            run.time.as_secs_f64() * 1e3,
-            base.time.as_secs_f64() * 1e3,
-            run.time.as_secs_f64() / base.time.as_secs_f64()
+            "RESULT tp_fwd_bwd world={w} n={n} d={d} v={v} ms={:.3} world1_ms={:.3} ratio={:.3} \
+             pipelined_ms={:.3} world1_pipelined_ms={:.3} pipelined_ratio={:.3} single_ms={:.3} \
+             single_pipelined_ms={:.3}",
+            ms(run.time),
+            ms(base.time),
+            ms(run.time) / ms(base.time),
+            ms(run.pipelined),
+            ms(base.pipelined),
+            ms(run.pipelined) / ms(base.pipelined),
+            ms(single.time),
+            ms(single.pipelined)
         );
         close_to_single(&run);
         if 8usize.is_multiple_of(w) {
@@ -386,7 +426,7 @@ mod procs {
     const ID_VAR: &str = "BURN_INVARIANT_EXAMPLE_NCCL_ID";
 
     /// Spawns `world` ranks of this binary (`--cuda-rank r ...`) and reports the slowest.
-    pub fn parent(world: usize, sizes: [usize; 4]) -> bool {
+    pub fn parent(world: usize, sizes: [usize; 4], deferred: bool) -> bool {
         let [n, d, v, iters] = sizes;
         println!(
             "tp_linear_logp: world {world}, N = {n}, D = {d}, V = {v}, one process per GPU \
@@ -399,13 +439,14 @@ mod procs {
                 std::process::Command::new(&exe)
                     .arg("--cuda-rank")
                     .args([rank, world, n, d, v, iters].map(|x| x.to_string()))
+                    .args(deferred.then_some("--deferred"))
                     .env(ID_VAR, id.to_hex())
                     .stdout(std::process::Stdio::piped())
                     .spawn()
                     .expect("spawning a rank")
             })
             .collect();
-        let mut slowest = 0f64;
+        let (mut slowest, mut slowest_pipelined) = (0f64, 0f64);
         let (mut base_ms, mut ok) = (None, true);
         for (rank, child) in children.into_iter().enumerate() {
             let output = child.wait_with_output().expect("rank process");
@@ -420,6 +461,9 @@ mod procs {
                 if let Some(ms) = value("rank_ms=") {
                     slowest = slowest.max(ms);
                 }
+                if let Some(ms) = value("pipelined_ms=") {
+                    slowest_pipelined = slowest_pipelined.max(ms);
+                }
                 if let Some(ms) = value("world1_ms=") {
                     base_ms = Some(ms);
                 }
@@ -429,7 +473,7 @@ mod procs {
         if let Some(base) = base_ms {
             println!(
                 "RESULT tp_fwd_bwd_procs world={world} n={n} d={d} v={v} ms={slowest:.3} \
-                 world1_ms={base:.3} ratio={:.3}",
+                 world1_ms={base:.3} ratio={:.3} pipelined_ms={slowest_pipelined:.3}",
                 slowest / base
             );
         }
@@ -438,29 +482,33 @@ mod procs {
 
     /// Rank `rank`: joins the group, runs the timed TP steps; rank 0 then runs world 1 in
     /// this process and compares the bits.
-    pub fn child(rank: usize, world: usize, sizes: [usize; 4]) -> bool {
+    pub fn child(rank: usize, world: usize, sizes: [usize; 4], deferred: bool) -> bool {
         let [n, d, v, iters] = sizes;
         let id = std::env::var(ID_VAR).expect("the parent sets the NCCL id");
         let id = NcclId::from_hex(&id).expect("NCCL id");
-        let device = Gpu.device(rank);
-        let group = NcclGroup::new(&device, rank, world, &id).expect("joining the NCCL group");
+        let gpu = Gpu { deferred };
+        let device = gpu.device(rank);
+        let group = NcclGroup::new(&device, rank, world, &id)
+            .expect("joining the NCCL group")
+            .with_deferred_failures(deferred);
         let data = Arc::new(data(n, d, v));
         // A host all-gather of one word is the cross-process barrier between iterations.
         let barrier = || {
             Collective::<Autodiff<<Gpu as Platform>::B>>::all_gather_host(&group, &[0])
                 .expect("barrier");
         };
-        let run = run_rank(&Gpu, &data, rank, world, &group, iters, barrier);
+        let run = run_rank(&gpu, &data, rank, world, &group, iters, barrier);
         println!(
-            "rank_ms={:.3} host_ms={:.3}",
+            "rank_ms={:.3} host_ms={:.3} pipelined_ms={:.3}",
             run.time.as_secs_f64() * 1e3,
-            run.host.as_secs_f64() * 1e3
+            run.host.as_secs_f64() * 1e3,
+            run.pipelined.as_secs_f64() * 1e3
         );
         drop(group);
         if rank != 0 {
             return true;
         }
-        let base = run_tp(&Arc::new(Gpu), &data, 1, iters);
+        let base = run_tp(&Arc::new(gpu), &data, 1, iters);
         let same = bitwise_equal(&run.logp, &base.logp)
             && bitwise_equal(&run.lse, &base.lse)
             && bitwise_equal(&run.dhidden, &base.dhidden);
@@ -488,12 +536,15 @@ fn main() {
     if !mode.is_empty() {
         args.remove(0);
     }
+    let deferred = args.iter().any(|a| a == "--deferred");
+    args.retain(|a| a != "--deferred");
     let cuda = mode == "--cuda";
     let numbers: Vec<usize> = args
         .iter()
         .map(|a| {
-            a.parse()
-                .expect("arguments: [--cuda] [world] [tokens] [hidden] [vocab] [iters]")
+            a.parse().expect(
+                "arguments: [--cuda] [world] [tokens] [hidden] [vocab] [iters] [--deferred]",
+            )
         })
         .collect();
     let arg = |i: usize, default: usize| numbers.get(i).copied().unwrap_or(default);
@@ -508,11 +559,11 @@ fn main() {
     {
         let sizes = [arg(1, 64), arg(2, 128), arg(3, 8192), arg(4, 1).max(1)];
         let done = match mode.as_str() {
-            "--cuda-procs" => Some(procs::parent(arg(0, 4), sizes)),
+            "--cuda-procs" => Some(procs::parent(arg(0, 4), sizes, deferred)),
             // Internal: one rank of --cuda-procs (arguments: rank, then the usual ones).
             "--cuda-rank" => {
                 let rest = [arg(2, 64), arg(3, 128), arg(4, 8192), arg(5, 1).max(1)];
-                Some(procs::child(arg(0, 0), arg(1, 1), rest))
+                Some(procs::child(arg(0, 0), arg(1, 1), rest, deferred))
             }
             _ => None,
         };
@@ -528,7 +579,7 @@ fn main() {
     let ok = if cuda {
         #[cfg(feature = "cuda")]
         {
-            run(Gpu, world, n, d, v, iters)
+            run(Gpu { deferred }, world, n, d, v, iters)
         }
         #[cfg(not(feature = "cuda"))]
         {

@@ -50,6 +50,14 @@ pub trait InvariantBackend:
         Ok(())
     }
 
+    /// The failure of an earlier launch on `device`, once one was seen
+    /// ([`InvariantError::DeviceFailed`]): the registry refuses every call there, and the
+    /// public functions check it again after their primitives ran. Backends whose launches
+    /// cannot fail after validation keep the default.
+    fn invariant_device_failure(_device: &Self::Device) -> Option<InvariantError> {
+        None
+    }
+
     /// Tensor-parallel leaf targets (`crate::tp`): `t − start` where `start ≤ t < end` and `t`
     /// is not `ignore_index`, −1 (the leaves' ignore index) where ignored, −2 (matches no column
     /// of the leaf) elsewhere. `[N]`, an integer dtype (the targets', or one the backend's
@@ -155,7 +163,7 @@ pub trait CollectiveLogp: core::fmt::Debug + Clone + Send + Sync + 'static {
 ///   return the same [`InvariantError::Collective`] on every rank in bounded time; the group
 ///   may be unusable afterwards. An implementation whose tensor exchange only enqueues work
 ///   reports that exchange's failure from [`Collective::settle`], which the tensor-parallel
-///   calls run before they return.
+///   calls run before they return (through [`Collective::end_call`]).
 ///
 /// Implementations: `tp::InProcessGroup` (threads of one process, any backend; for tests and
 /// single-host use) and, with the `cuda` feature, `tp::NcclGroup` (one NCCL communicator per
@@ -183,6 +191,14 @@ pub trait Collective<B: Backend>: core::fmt::Debug + Send + Sync {
     /// exchanges complete before they return.
     fn settle(&self) -> Result<(), InvariantError> {
         Ok(())
+    }
+
+    /// What every tensor-parallel call runs before it returns: by default [`Self::settle`], so
+    /// a failed exchange fails its own call. A group may defer that wait (`NcclGroup`'s
+    /// `with_deferred_failures`): it then returns only failures already known, and a failed
+    /// exchange is reported by its next call or `settle`.
+    fn end_call(&self) -> Result<(), InvariantError> {
+        self.settle()
     }
 
     /// Breaks the group with `error`, for a rank that failed where it cannot return the

@@ -181,6 +181,19 @@ pub enum InvariantError {
         /// What went wrong, naming the ranks involved.
         reason: String,
     },
+    /// A kernel launch on this device failed earlier in the process (a kernel the device's
+    /// compiler rejected, a launch the driver refused): what ran since cannot be trusted, so
+    /// every later call on the device returns this error, the failed call included where it
+    /// ran before returning.
+    #[error(
+        "a burn-invariant launch on device {device} failed, so no later call there is trusted: {reason}"
+    )]
+    DeviceFailed {
+        /// The device.
+        device: String,
+        /// The runtime's message of the first failure.
+        reason: String,
+    },
     /// Reading tensor data back to the host failed.
     #[error("reading `{arg}` back to the host failed: {reason}")]
     Read {

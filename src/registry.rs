@@ -284,6 +284,9 @@ pub(crate) fn implementation_for_problem<B: InvariantBackend>(
     dtype: DType,
     problem: Problem,
 ) -> Result<Implementation, InvariantError> {
+    if let Some(failed) = B::invariant_device_failure(device) {
+        return Err(failed);
+    }
     let op = Op::of(problem);
     let chosen = implementation_for::<B>(op, device, dtype)?;
     let Err(refused) = B::check_problem(chosen, device, dtype, problem) else {
@@ -302,6 +305,13 @@ pub(crate) fn implementation_for_problem<B: InvariantBackend>(
         .map(|c| c.implementation)
         .find(|&imp| B::check_problem(imp, device, dtype, problem).is_ok())
         .ok_or(refused)
+}
+
+/// After a public call's primitive: the failure of a launch seen on `device`
+/// ([`InvariantError::DeviceFailed`]), where the primitive ran before returning (unfused
+/// backends) and failed, or an earlier call failed.
+pub(crate) fn check_device<B: InvariantBackend>(device: &B::Device) -> Result<(), InvariantError> {
+    B::invariant_device_failure(device).map_or(Ok(()), Err)
 }
 
 /// `problem` with one row (one query of one batch row for attention).

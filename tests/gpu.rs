@@ -252,6 +252,60 @@ mod cuda {
     }
 }
 
+/// A launch that fails (a kernel NVRTC rejects, forced by `with_rejected_launch`) fails that call
+/// and every later call on the device with `DeviceFailed`, never results nothing wrote: the call
+/// of a new launch class, where kernels are first compiled, is flushed. In a child process: the
+/// failure is for the process's life.
+#[cfg(feature = "cuda")]
+mod cuda_failed_launch {
+    use burn::tensor::{DType, Distribution, Tensor};
+    use burn_invariant::InvariantError;
+
+    type B = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+
+    #[test]
+    fn a_failed_launch_fails_that_call_and_every_later_one() {
+        let Some(_) = super::common::cuda_device() else {
+            return;
+        };
+        super::common::run_ignored_in_child(
+            "cuda_failed_launch::after_a_failed_launch",
+            &[],
+            &["BURN_INVARIANT_IMPL"],
+        );
+    }
+
+    #[test]
+    #[ignore = "run by a_failed_launch_fails_that_call_and_every_later_one in a child process"]
+    fn after_a_failed_launch() {
+        let Some(device) = super::common::cuda_device() else {
+            return;
+        };
+        let uniform = Distribution::Uniform(-1.0, 1.0);
+        let x = Tensor::<B, 2>::random([5, 37], uniform, (&device, DType::F32));
+        let gamma = Tensor::<B, 1>::random([37], uniform, (&device, DType::F32));
+        let failed = |result: Result<_, InvariantError>| {
+            matches!(result, Err(InvariantError::DeviceFailed { .. }))
+        };
+        // Before: the call runs.
+        let before = burn_invariant::rms_norm(x.clone(), gamma.clone(), 1e-5);
+        assert!(before.is_ok(), "{:?}", before.err());
+        // A kernel variant fails where it is first compiled: a call of a new class (another D).
+        let x2 = Tensor::<B, 2>::random([3, 41], uniform, (&device, DType::F32));
+        let gamma2 = Tensor::<B, 1>::random([41], uniform, (&device, DType::F32));
+        let call = burn_invariant_cubecl::rms_norm::with_rejected_launch(|| {
+            burn_invariant::rms_norm(x2, gamma2, 1e-5)
+        });
+        assert!(failed(call.clone().map(|_| ())), "got {:?}", call.err());
+        // Every later call on the device, of this op or another.
+        assert!(failed(
+            burn_invariant::rms_norm(x.clone(), gamma, 1e-5).map(|_| ())
+        ));
+        let w = Tensor::<B, 2>::random([37, 11], uniform, (&device, DType::F32));
+        assert!(failed(burn_invariant::matmul(x, w).map(|_| ())));
+    }
+}
+
 /// ROCm (`CubeBackend<HipRuntime, ..>`, burn-rocm's `Rocm<F>` without fusion): the `CubeCl`
 /// kernels, for an f32 and a bf16 float element. Without an AMD device the tests print a notice
 /// and pass, unless `BURN_INVARIANT_REQUIRE_ROCM=1`.

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::tensor::DType;
-use burn_invariant::InvariantError;
 use burn_invariant::tp::{self, InProcessGroup, NcclGroup, NcclId, VocabShard};
+use burn_invariant::{InvariantError, LinearLogpOptions};
 use common::ranks::{self, bits_of};
 use common::tp_problem::{Problem, RankOut, problem, rank_run, single_rank};
 use common::{assert_bits_eq, float, ints};
@@ -66,12 +66,19 @@ fn on_ranks<T: Send + 'static>(
 /// TP over `shards` (one GPU each), NCCL groups joined through one id (the multi-process path,
 /// here with threads).
 fn run_nccl(p: &Problem, shards: &[VocabShard]) -> Vec<RankOut> {
+    run_nccl_with(p, shards, false)
+}
+
+/// [`run_nccl`] with the groups' `with_deferred_failures(deferred)`.
+fn run_nccl_with(p: &Problem, shards: &[VocabShard], deferred: bool) -> Vec<RankOut> {
     let (p, shards) = (Arc::new(p.clone()), shards.to_vec());
     let world = shards.len();
     let id = NcclId::from_hex(&NcclId::new().expect("NCCL id").to_hex()).expect("id round trip");
     on_ranks(world, move |rank| {
         let device = CudaDevice::new(rank);
-        let group = NcclGroup::new(&device, rank, world, &id).expect("NCCL group");
+        let group = NcclGroup::new(&device, rank, world, &id)
+            .expect("NCCL group")
+            .with_deferred_failures(deferred);
         rank_run::<AD, _>(&p, &device, shards[rank], &group)
     })
 }
@@ -114,9 +121,9 @@ fn assert_close(what: &str, got: &[f32], expected: &[f32], atol: f32, rtol: f32)
     }
 }
 
-/// Segment-aligned shards: logp, lse, entropy, dHidden (and the concatenated dWeight/dBias) are
-/// bitwise the same for world sizes 1, 2 and 4, on every rank; the last case is the RL head
-/// (temperature 0.7, entropy).
+/// logp, lse, entropy, dHidden (and the concatenated dWeight/dBias) are bitwise the same for
+/// world sizes 1, 2 and 4, on every rank, with ragged shards (V a multiple of neither); the RL
+/// head at temperatures 0.7 and 1.3 with entropy, the last with groups that defer failures.
 #[test]
 #[serial]
 fn nccl_tp_is_bitwise_invariant_across_world_sizes() {
@@ -124,18 +131,19 @@ fn nccl_tp_is_bitwise_invariant_across_world_sizes() {
     if gpus == 0 {
         return;
     }
-    for (shape, dtype, with_bias, seed, head) in [
-        ([37, 136, 50021], DType::BF16, true, 11, false),
-        ([29, 72, 4100], DType::F32, false, 12, false),
-        ([37, 136, 50021], DType::BF16, true, 13, true),
+    for (shape, dtype, with_bias, seed, temperature, deferred) in [
+        ([37, 136, 50021], DType::BF16, true, 11, None, false),
+        ([29, 72, 4100], DType::F32, false, 12, None, false),
+        ([37, 136, 50021], DType::BF16, true, 13, Some(0.7), false),
+        ([37, 136, 50021], DType::BF16, true, 14, Some(1.3), true),
     ] {
         let mut p = problem(shape, dtype, with_bias, Some(5), seed);
-        if head {
-            p.options = p.options.with_temperature(0.7).with_entropy(true);
+        if let Some(t) = temperature {
+            p.options = p.options.with_temperature(t).with_entropy(true);
         }
         let reference = run_nccl(&p, &split(1, p.v));
         for world in [2, 4].into_iter().filter(|&w| w <= gpus) {
-            let outs = run_nccl(&p, &split(world, p.v));
+            let outs = run_nccl_with(&p, &split(world, p.v), deferred);
             for (rank, out) in outs.iter().enumerate() {
                 assert_same(
                     &format!("{dtype:?} V={} world {world} rank {rank} vs world 1", p.v),
@@ -305,7 +313,7 @@ fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
     let errors = on_ranks(world, move |rank| {
         let device = CudaDevice::new(rank);
         let shard = VocabShard::split(rank, world, p.v);
-        let call = |rows: usize, targets: Vec<i64>| {
+        let call_with = |rows: usize, targets: Vec<i64>, options: &LinearLogpOptions| {
             tp::linear_logp(
                 float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
                 float::<B, 2>(
@@ -318,9 +326,10 @@ fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
                 None,
                 &shard,
                 &groups[rank],
-                &p.options,
+                options,
             )
         };
+        let call = |rows: usize, targets: Vec<i64>| call_with(rows, targets, &p.options);
         let rows = if rank == 1 {
             shard.len() - 1
         } else {
@@ -332,10 +341,24 @@ fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
             targets[3] = (targets[3] + 1) % p.v as i64;
         }
         let mismatch = call(shard.len(), targets).expect_err("differing targets must fail");
+        // A target out of range on rank 1 only.
+        let mut targets = p.targets.clone();
+        if rank == 1 {
+            targets[5] = p.v as i64;
+        }
+        let out_of_range = call(shard.len(), targets).expect_err("an out-of-range target");
+        // A bad temperature on rank 1 only.
+        let options = if rank == 1 {
+            p.options.clone().with_temperature(0.0)
+        } else {
+            p.options.clone()
+        };
+        let temperature = call_with(shard.len(), p.targets.clone(), &options)
+            .expect_err("a bad temperature on one rank");
         // The group still works after validation failures.
         let again = call(shard.len(), p.targets.clone());
         assert!(again.is_ok(), "rank {rank}: group unusable: {again:?}");
-        (local, mismatch)
+        (local, mismatch, out_of_range, temperature)
     });
     assert_eq!(errors[0], errors[1], "every rank reports the same errors");
     assert!(
@@ -348,6 +371,16 @@ fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
         "got {:?}",
         errors[0].1
     );
+    for error in [&errors[0].2, &errors[0].3] {
+        assert!(
+            matches!(
+                error,
+                InvariantError::RankFailed { rank: 1, .. }
+                    | InvariantError::RankMismatch { rank: 1, .. }
+            ),
+            "got {error:?}"
+        );
+    }
 }
 
 /// A rank that never calls the collective makes the other fail within the timeout, not hang;
@@ -484,4 +517,48 @@ fn a_tensor_exchange_without_its_peer_gives_nan_then_an_error() {
         );
         assert_eq!(values, [0.5, 0.5, 0.5, 0.5, 1.5, 1.5, 1.5, 1.5]);
     }
+}
+
+/// With deferred failures a call's end does not wait on the host for its exchange: the missing
+/// peer's exchange still comes back NaN once the device-side wait times out, and `settle` and
+/// the group's next call report it.
+#[test]
+#[serial]
+fn deferred_failures_are_reported_by_settle_and_the_next_call() {
+    use burn_invariant::tp::Collective;
+    if !have_gpus(2) {
+        return;
+    }
+    let timeout = Duration::from_secs(3);
+    let id = NcclId::new().unwrap();
+    let results = on_ranks(2, move |rank| {
+        let device = CudaDevice::new(rank);
+        let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout)
+            .expect("join")
+            .with_deferred_failures(true);
+        if rank == 1 {
+            return None; // never exchanges
+        }
+        let block = float::<B, 1>(vec![1.0, 2.0, 3.0], [3], &device, DType::F32);
+        let start = Instant::now();
+        let gathered = Collective::<B>::all_gather(&group, block).expect("enqueued");
+        let ended = Collective::<B>::end_call(&group);
+        let returned = start.elapsed();
+        let values: Vec<f32> = gathered.into_data().to_vec().unwrap();
+        let settled = Collective::<B>::settle(&group).err();
+        let next = Collective::<B>::all_gather_host(&group, &[1]);
+        Some((ended.is_ok(), returned, values, settled, next.err()))
+    });
+    let (ended, returned, values, settled, next) = results[0].clone().unwrap();
+    assert!(ended, "end_call waits for nothing with deferred failures");
+    assert!(returned < timeout, "returned after {returned:?}");
+    assert!(values.iter().all(|v| v.is_nan()), "got {values:?}");
+    assert!(
+        matches!(settled, Some(InvariantError::Collective { .. })),
+        "settle: got {settled:?}"
+    );
+    assert!(
+        matches!(next, Some(InvariantError::Collective { .. })),
+        "got {next:?}"
+    );
 }

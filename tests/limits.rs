@@ -349,20 +349,11 @@ mod cuda {
     #[serial]
     fn sm90_needs_nvrtc() {
         let Some(_) = device() else { return };
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "cuda::sm90_without_nvrtc_headers",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env("CUDA_PATH", "/nonexistent-cuda")
-            .env_remove("BURN_INVARIANT_IMPL")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        super::common::run_ignored_in_child(
+            "cuda::sm90_without_nvrtc_headers",
+            &[("CUDA_PATH", "/nonexistent-cuda")],
+            &["BURN_INVARIANT_IMPL"],
+        );
     }
 
     #[test]

@@ -154,6 +154,10 @@ where
         self.group.settle()
     }
 
+    fn end_call(&self) -> Result<(), InvariantError> {
+        self.group.end_call()
+    }
+
     fn fail(&self, error: InvariantError) {
         self.group.fail(error)
     }
@@ -175,6 +179,10 @@ impl<B: InvariantBackend, C: CheckpointStrategy> InvariantBackend for Autodiff<B
         problem: Problem,
     ) -> Result<(), InvariantError> {
         B::check_problem(implementation, device, dtype, problem)
+    }
+
+    fn invariant_device_failure(device: &Self::Device) -> Option<InvariantError> {
+        B::invariant_device_failure(device)
     }
 
     fn invariant_collective_linear_logp<E, G>(

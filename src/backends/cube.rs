@@ -12,6 +12,9 @@ use burn_cubecl::{
     tensor::CubeTensor,
 };
 use burn_invariant_cubecl::{KernelError, attention, logp, rms_norm, tp as tp_kernels, util};
+use cubecl::prelude::ComputeClient;
+use std::collections::HashSet;
+use std::sync::Mutex;
 
 use super::alloc::empty;
 #[cfg(feature = "cuda")]
@@ -57,6 +60,101 @@ pub(crate) fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTenso
     let wide = util::runtime_supports(&targets.client, DType::I64.into());
     let dtype = if wide { IntDType::I64 } else { IntDType::I32 };
     CubeBackend::<R, f32, i32, u8>::int_cast(targets, dtype)
+}
+
+/// Devices on which a launch failed (`format!("{device:?}")`, the runtime's message), for good.
+static FAILED_DEVICES: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+/// [`launch_class`] rows: none, or the first dimension.
+pub(crate) const NO_ROWS: &[usize] = &[];
+pub(crate) const ROWS_FIRST: &[usize] = &[0];
+
+/// The launch classes already settled, per device (see [`launch_class`]).
+static SETTLED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// What of a primitive call can pick a kernel variant, so that two calls of one class launch the
+/// same compiled kernels: the primitive, the dtype, every dimension except the ones that count
+/// rows (given per operand; they enter as their next power of two, since the kernels only
+/// compare them against powers of two), and each operand's layout (which strides are 1, which
+/// are multiples of 8 elements, its offset modulo 16 bytes: what the vector widths read).
+pub(crate) fn launch_class<R: CubeRuntime>(
+    primitive: &str,
+    operands: &[(&CubeTensor<R>, &[usize])],
+) -> String {
+    let mut class = primitive.to_string();
+    for (t, rows) in operands {
+        let dims: Vec<usize> = t
+            .meta
+            .shape()
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| {
+                if rows.contains(&i) {
+                    d.next_power_of_two()
+                } else {
+                    d
+                }
+            })
+            .collect();
+        let strides: String = t
+            .meta
+            .strides()
+            .iter()
+            .map(|&st| match (st == 1, st % 8 == 0) {
+                (true, _) => '1',
+                (false, true) => '8',
+                (false, false) => 'x',
+            })
+            .collect();
+        let offset = t.handle.offset_start.unwrap_or(0) % 16;
+        class += &format!(" {:?}{dims:?}{strides}@{offset}", t.dtype);
+    }
+    class
+}
+
+/// After a primitive's launches, the first time their class runs on `device`: cubecl reports a
+/// kernel its compiler rejected (or a launch the driver refused) only at the next flush or read,
+/// so flush (a blocking round trip to cubecl's device thread, which a decode step would pay on
+/// every call) and, on failure, mark `device` failed, so that the failed call (where it ran
+/// before returning) and every later call there return [`InvariantError::DeviceFailed`] instead
+/// of results nothing wrote. Kernels are compiled at the first launch of their variant, and a
+/// class fixes the variants.
+pub(crate) fn settle_launches<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    device: &R::Device,
+    class: String,
+) {
+    let key = format!("{device:?} {class}");
+    let first = SETTLED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashSet::new)
+        .insert(key);
+    if !first {
+        return;
+    }
+    if let Err(err) = client.flush() {
+        let device = format!("{device:?}");
+        log::error!("burn-invariant: a launch on {device} failed: {err:?}");
+        let mut failed = FAILED_DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        if !failed.iter().any(|(d, _)| *d == device) {
+            failed.push((device, format!("{err:?}")));
+        }
+    }
+}
+
+/// The failure [`settle_launches`] recorded for `device`, if any.
+pub(crate) fn device_failure<R: CubeRuntime>(device: &R::Device) -> Option<InvariantError> {
+    let device = format!("{device:?}");
+    FAILED_DEVICES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|(d, _)| *d == device)
+        .map(|(device, reason)| InvariantError::DeviceFailed {
+            device: device.clone(),
+            reason: reason.clone(),
+        })
 }
 
 /// Kernel launches only fail on inputs the public API has already rejected: dtypes and shapes
@@ -223,6 +321,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         }
     }
 
+    fn invariant_device_failure(device: &Self::Device) -> Option<InvariantError> {
+        device_failure::<R>(device)
+    }
+
     fn invariant_tp_leaf_targets(
         targets: IntTensor<Self>,
         start: usize,
@@ -231,6 +333,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     ) -> IntTensor<Self> {
         let targets = into_contiguous(index_targets(targets));
         let out = empty(&targets, targets.meta.shape().to_vec(), targets.dtype);
+        let class = launch_class(
+            &format!("tp_leaf_targets ignore={}", ignore_index.is_some()),
+            &[(&targets, ROWS_FIRST)],
+        );
         launched(tp_kernels::leaf_targets(
             &targets.client,
             &targets.clone().binding(),
@@ -240,15 +346,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             end,
             ignore_index,
         ));
+        settle_launches(&targets.client, &targets.device, class);
         out
     }
 
     fn invariant_tp_merge_lse(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        merge(a, b, tp_kernels::merge_lse)
+        merge(a, b, "tp_merge_lse", tp_kernels::merge_lse)
     }
 
     fn invariant_tp_merge_entropy(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        merge(a, b, tp_kernels::merge_entropy)
+        merge(a, b, "tp_merge_entropy", tp_kernels::merge_entropy)
     }
 
     fn invariant_tp_pick(
@@ -263,6 +370,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         let acc = acc.map(into_contiguous);
         let n = leaf_targets.meta.shape()[0];
         let out = empty(&stats, vec![2, n], DType::F32);
+        let class = launch_class(
+            &format!("tp_pick acc={}", acc.is_some()),
+            &[(&stats, ROWS_FIRST), (&leaf_targets, ROWS_FIRST)],
+        );
         let acc_binding = acc.map(|a| a.binding());
         launched(tp_kernels::pick(
             &stats.client,
@@ -272,6 +383,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             leaf_targets.dtype.into(),
             &out.clone().binding(),
         ));
+        settle_launches(&stats.client, &stats.device, class);
         out
     }
 
@@ -289,6 +401,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         );
         let n = targets.meta.shape()[0];
         let out = empty(&lse, vec![n, 2], DType::F32);
+        let class = launch_class(
+            &format!("tp_finish ignore={}", ignore_index.is_some()),
+            &[(&lse, ROWS_FIRST), (&targets, ROWS_FIRST)],
+        );
         let targets_binding = targets.clone().binding();
         let global = tp_kernels::GlobalTargets {
             targets: &targets_binding,
@@ -303,6 +419,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
             &global,
             &out.clone().binding(),
         ));
+        settle_launches(&lse.client, &lse.device, class);
         out
     }
 }
@@ -311,16 +428,19 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
 fn merge<R: CubeRuntime>(
     a: CubeTensor<R>,
     b: CubeTensor<R>,
+    primitive: &str,
     launch: MergeLaunch<R>,
 ) -> CubeTensor<R> {
     let (a, b) = (into_contiguous(a), into_contiguous(b));
     let out = empty(&a, a.meta.shape().to_vec(), DType::F32);
+    let class = launch_class(primitive, &[(&a, &[0, 1][..])]);
     launched(launch(
         &a.client,
         &a.clone().binding(),
         &b.binding(),
         &out.clone().binding(),
     ));
+    settle_launches(&a.client, &a.device, class);
     out
 }
 

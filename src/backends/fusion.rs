@@ -21,4 +21,8 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
     ) -> Result<(), InvariantError> {
         B::check_problem(implementation, device, dtype, problem)
     }
+
+    fn invariant_device_failure(device: &Self::Device) -> Option<InvariantError> {
+        B::invariant_device_failure(device)
+    }
 }

@@ -187,8 +187,8 @@ fn forward<B: InvariantBackend, G: Collective<B>>(
     let stats = forward_combine(&ctx, plan, all);
     trace.mark("forward combine");
     // An enqueued exchange's failure belongs to this call, not the next (the combine is
-    // already enqueued, so only the exchange is waited for).
-    group.settle()?;
+    // already enqueued, so only the exchange is waited for), unless the group defers it.
+    group.end_call()?;
     trace.mark("forward settle");
     Ok(stats)
 }
@@ -336,7 +336,7 @@ fn backward<B: InvariantBackend, G: Collective<B>>(
         _ => Some(float_primitive(Tensor::cat(local.biases, 0))),
     };
     trace.mark("backward combine");
-    group.settle()?;
+    group.end_call()?;
     trace.mark("backward settle");
     Ok(LinearLogpGrads {
         hidden,

@@ -54,8 +54,10 @@
 //!
 //! # Faults
 //! Every wait is bounded by the group's timeout. A failed exchange fails the call that made
-//! it, on every rank: each call ends with [`Collective::settle`], which waits for an
-//! exchange that was only enqueued (NCCL) and returns its error.
+//! it, on every rank: each call ends with [`Collective::end_call`] (by default
+//! [`Collective::settle`]), which waits for an exchange that was only enqueued (NCCL) and
+//! returns its error. `NcclGroup::with_deferred_failures(true)` skips that wait: the failure
+//! (its result NaN, never stale) is then reported by the group's next call or `settle`.
 //!
 //! # Autodiff
 //! Works for `B` and `Autodiff<B>`. The backward exchanges `dHidden` through the group, so

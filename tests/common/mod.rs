@@ -1477,3 +1477,22 @@ pub fn wgpu_device() -> Option<burn_wgpu::WgpuDevice> {
         Some(device)
     })
 }
+
+/// Runs the ignored test `name` of this test binary alone in a child process (for what changes
+/// the process for good: an environment read once, a device marked failed), with `set` and
+/// `remove` applied to its environment, and asserts that it passed.
+#[allow(dead_code)] // not every test binary uses it
+pub fn run_ignored_in_child(name: &str, set: &[(&str, &str)], remove: &[&str]) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.args(["--exact", name, "--ignored", "--nocapture"]);
+    for (key, value) in set {
+        child.env(key, value);
+    }
+    for key in remove {
+        child.env_remove(key);
+    }
+    let out = child.output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}

@@ -4,7 +4,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::{AttentionInputs, AttentionOptions};
 use crate::backend::Problem;
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::implementation_for_problem;
+use crate::registry::{check_device, implementation_for_problem};
 use crate::{InvariantBackend, InvariantError, validate};
 
 /// Deterministic, batch-invariant attention: `softmax(q·kᵀ·scale)·v` per query over the keys
@@ -96,7 +96,7 @@ pub fn attention<B: InvariantBackend>(
         causal: options.causal,
         scale,
     };
-    Ok(float_tensor(
-        B::invariant_attention(inputs, implementation).out,
-    ))
+    let out = B::invariant_attention(inputs, implementation).out;
+    check_device::<B>(&device)?;
+    Ok(float_tensor(out))
 }

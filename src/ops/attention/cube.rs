@@ -5,14 +5,16 @@ use burn::tensor::{
     DType, IntDType,
     ops::{FloatTensor, IntTensorOps},
 };
-use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_cubecl::{
+    BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor,
+};
 use burn_invariant_cubecl::FloatDType;
 use burn_invariant_cubecl::attention::{self as kernels, AttentionGradRefs, AttentionRefs};
 
 use super::oracle::ATTENTION_KEY_BLOCK;
 use super::{AttentionGrads, AttentionInputs, AttentionOps, AttentionOutput};
 use crate::backends::alloc::{empty, zeros};
-use crate::backends::cube::{addressable, launched};
+use crate::backends::cube::{addressable, launch_class, launched, settle_launches};
 use crate::registry::Implementation;
 
 // The Reference walks keys in the kernels' blocks: one constant, checked at compile time.
@@ -34,6 +36,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
             addressable(inputs.value),
         );
         let kv_lens = Self::int_cast(inputs.kv_lens, IntDType::I32);
+        let class = attention_class("attention", inputs.causal, [&query, &key, &value]);
         let refs = AttentionRefs {
             query: &query.clone().binding(),
             key: &key.binding(),
@@ -49,6 +52,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
             &out.clone().binding(),
             &lse.clone().binding(),
         ));
+        settle_launches(&query.client, &query.device, class);
         AttentionOutput { out, lse }
     }
 
@@ -81,6 +85,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
             addressable(inputs.value),
         );
         let kv_lens = Self::int_cast(inputs.kv_lens, IntDType::I32);
+        let class = attention_class("attention_backward", inputs.causal, [&query, &key, &value]);
         let refs = AttentionRefs {
             query: &query.clone().binding(),
             key: &key.binding(),
@@ -100,10 +105,24 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
             workspace: &workspace.binding(),
         };
         launched(kernels::attention_backward(&query.client, &refs, &grads));
+        settle_launches(&query.client, &query.device, class);
         AttentionGrads {
             query: grad_query,
             key: grad_key,
             value: grad_value,
         }
     }
+}
+
+/// The launch class of an attention call: batch rows and key counts vary freely between calls
+/// of one model; the heads, query rows and head size pick the kernels.
+fn attention_class<R: CubeRuntime>(
+    primitive: &str,
+    causal: bool,
+    [query, key, value]: [&CubeTensor<R>; 3],
+) -> String {
+    launch_class(
+        &format!("{primitive} causal={causal}"),
+        &[(query, &[0][..]), (key, &[0, 2]), (value, &[0, 2])],
+    )
 }

@@ -4,7 +4,7 @@ use burn::tensor::{Int, Tensor};
 
 use super::{LinearLogpInputs, LogpHead};
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::{Implementation, Problem, implementation_for_problem};
+use crate::registry::{Implementation, Problem, check_device, implementation_for_problem};
 use crate::{InvariantBackend, InvariantError, validate};
 
 /// Options of [`linear_logp`], [`linear_logp_with_lse`] and [`linear_logp_full`].
@@ -164,6 +164,7 @@ fn linear_logp_head<B: InvariantBackend>(
             entropy: head.entropy.then(empty),
         });
     }
+    let device = hidden.device();
     let inputs = LinearLogpInputs {
         hidden: float_primitive(hidden),
         weight: float_primitive(weight),
@@ -173,6 +174,7 @@ fn linear_logp_head<B: InvariantBackend>(
         head,
     };
     let stats = float_tensor(B::invariant_linear_logp(inputs, implementation));
+    check_device::<B>(&device)?;
     Ok(split_stats(stats, head))
 }
 

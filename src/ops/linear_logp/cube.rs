@@ -11,7 +11,9 @@ use burn_invariant_cubecl::logp;
 
 use super::{GradRequest, LinearLogpGrads, LinearLogpInputs, LinearLogpOps};
 use crate::backends::alloc::{empty, zeros};
-use crate::backends::cube::{addressable, index_targets, launched};
+use crate::backends::cube::{
+    NO_ROWS, ROWS_FIRST, addressable, index_targets, launch_class, launched, settle_launches,
+};
 #[cfg(feature = "cuda")]
 use crate::backends::sm90;
 use crate::registry::Implementation;
@@ -105,12 +107,14 @@ where
         let rh = inputs.hidden.meta.shape()[0];
         let stats = empty(&inputs.hidden, vec![rh, columns], DType::F32);
         let bindings = LogpBindings::new(inputs);
+        let class = logp_class("linear_logp", inputs);
         launched(logp::linear_logp_forward(
             &inputs.hidden.client,
             &bindings.refs(inputs),
             &stats.clone().binding(),
             &workspace.clone().binding(),
         ));
+        settle_launches(&inputs.hidden.client, &inputs.hidden.device, class);
         stats
     };
     if rows == n {
@@ -162,6 +166,7 @@ where
         ));
         let workspace = empty(&inputs.hidden, vec![workspace_len.max(1)], DType::F32);
         let bindings = LogpBindings::new(&inputs);
+        let class = logp_class("linear_logp_backward", &inputs);
         let (dh, dw) = (d_hidden.clone().binding(), d_weight.clone().binding());
         let db = d_bias.clone().map(|b| b.binding());
         launched(logp::linear_logp_backward(
@@ -176,12 +181,36 @@ where
             },
             &workspace.binding(),
         ));
+        settle_launches(&inputs.hidden.client, &inputs.hidden.device, class);
     }
     LinearLogpGrads {
         hidden: request.hidden.then_some(d_hidden),
         weight: request.weight.then_some(d_weight),
         bias: d_bias.filter(|_| request.bias),
     }
+}
+
+/// The launch class of a `linear_logp` call: the rows vary freely; the head's switches, the
+/// ignore index and the other sizes pick the kernels.
+fn logp_class<R: CubeRuntime, B>(primitive: &str, inputs: &LinearLogpInputs<B>) -> String
+where
+    B: burn::tensor::backend::Backend<
+            FloatTensorPrimitive = CubeTensor<R>,
+            IntTensorPrimitive = CubeTensor<R>,
+        >,
+{
+    let switches = format!(
+        "{primitive} {:?} ignore={}",
+        inputs.head,
+        inputs.ignore_index.is_some()
+    );
+    let mut operands: Vec<(&CubeTensor<R>, &[usize])> = vec![
+        (&inputs.hidden, ROWS_FIRST),
+        (&inputs.weight, NO_ROWS),
+        (&inputs.targets, ROWS_FIRST),
+    ];
+    operands.extend(inputs.bias.as_ref().map(|b| (b, NO_ROWS)));
+    launch_class(&switches, &operands)
 }
 
 /// Owned bindings of the `linear_logp` inputs (the kernel API borrows them).

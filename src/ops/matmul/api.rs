@@ -2,7 +2,7 @@
 use burn::tensor::Tensor;
 
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::{Problem, implementation_for_problem};
+use crate::registry::{Problem, check_device, implementation_for_problem};
 use crate::{InvariantBackend, InvariantError, validate};
 
 /// Deterministic, batch-invariant `lhs [M, K] · rhs [K, N] → [M, N]`.
@@ -59,6 +59,7 @@ fn gemm<B: InvariantBackend>(
         bias.map(float_primitive),
         implementation,
     );
+    check_device::<B>(&device)?;
     Ok(float_tensor(out))
 }
 

@@ -8,7 +8,9 @@ use burn_invariant_cubecl::gemm;
 
 use super::MatmulOps;
 use crate::backends::alloc::{empty, zeros};
-use crate::backends::cube::{addressable, launched};
+use crate::backends::cube::{
+    NO_ROWS, ROWS_FIRST, addressable, launch_class, launched, settle_launches,
+};
 #[cfg(feature = "cuda")]
 use crate::backends::sm90;
 use crate::registry::Implementation;
@@ -85,12 +87,14 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> MatmulOps
         }
         let out = empty(&grad, vec![n], grad.dtype);
         let grad = addressable(grad);
+        let class = launch_class("sum_rows", &[(&grad, ROWS_FIRST)]);
         launched(gemm::col_sum(
             &grad.client,
             &grad.clone().binding(),
             &out.clone().binding(),
             grad.dtype.into(),
         ));
+        settle_launches(&grad.client, &grad.device, class);
         out
     }
 }
@@ -118,6 +122,10 @@ fn matmul_grad_rhs<R: CubeRuntime>(lhs: CubeTensor<R>, grad: CubeTensor<R>) -> C
     }
     let out = empty(&grad, vec![k, n], grad.dtype);
     let (lhs, grad) = (addressable(lhs), addressable(grad));
+    let class = launch_class(
+        "matmul_grad_rhs",
+        &[(&lhs, ROWS_FIRST), (&grad, ROWS_FIRST)],
+    );
     launched(gemm::matmul_row_reduction(
         &grad.client,
         &CubeBackend::<R, f32, i32, u8>::float_swap_dims(lhs, 0, 1).binding(),
@@ -125,6 +133,7 @@ fn matmul_grad_rhs<R: CubeRuntime>(lhs: CubeTensor<R>, grad: CubeTensor<R>) -> C
         &out.clone().binding(),
         grad.dtype.into(),
     ));
+    settle_launches(&grad.client, &grad.device, class);
     out
 }
 
@@ -140,7 +149,15 @@ fn matmul<R: CubeRuntime>(
         return out;
     }
     let (lhs, rhs) = (addressable(lhs), addressable(rhs));
-    let bias = bias.map(|b| addressable(b).binding());
+    let bias = bias.map(addressable);
+    let class = match &bias {
+        Some(b) => launch_class(
+            "matmul",
+            &[(&lhs, ROWS_FIRST), (&rhs, NO_ROWS), (b, NO_ROWS)],
+        ),
+        None => launch_class("matmul", &[(&lhs, ROWS_FIRST), (&rhs, NO_ROWS)]),
+    };
+    let bias = bias.map(|b| b.binding());
     launched(gemm::matmul(
         &lhs.client,
         &lhs.clone().binding(),
@@ -149,5 +166,6 @@ fn matmul<R: CubeRuntime>(
         &out.clone().binding(),
         lhs.dtype.into(),
     ));
+    settle_launches(&lhs.client, &lhs.device, class);
     out
 }

@@ -4,7 +4,7 @@ use burn::tensor::Tensor;
 use super::RmsNormInputs;
 use crate::backend::Problem;
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::registry::implementation_for_problem;
+use crate::registry::{check_device, implementation_for_problem};
 use crate::{InvariantBackend, InvariantError, validate};
 
 /// Deterministic, batch-invariant RMSNorm over the last dimension:
@@ -49,5 +49,6 @@ pub fn rms_norm<B: InvariantBackend, const D: usize>(
         eps: eps32,
     };
     let y: Tensor<B, 2> = float_tensor(B::invariant_rms_norm(inputs, implementation));
+    check_device::<B>(&device)?;
     Ok(y.reshape(shape))
 }

@@ -9,7 +9,9 @@ use burn_invariant_cubecl::rms_norm::{self as kernels, RmsNormGradRefs, RmsNormR
 use super::oracle::{RMS_NORM_LANES, RMS_NORM_ROW_BLOCK};
 use super::{RmsNormGrads, RmsNormInputs, RmsNormOps};
 use crate::backends::alloc::empty;
-use crate::backends::cube::{addressable, launched};
+use crate::backends::cube::{
+    NO_ROWS, ROWS_FIRST, addressable, launch_class, launched, settle_launches,
+};
 use crate::registry::Implementation;
 
 // The Reference reduces in the kernels' lanes and row blocks: one set of constants, checked at
@@ -27,6 +29,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormOps
     ) -> FloatTensor<Self> {
         let (x, gamma) = (addressable(inputs.x), addressable(inputs.gamma));
         let out = empty(&x, x.meta.shape().to_vec(), x.dtype);
+        let class = launch_class("rms_norm", &[(&x, ROWS_FIRST), (&gamma, NO_ROWS)]);
         let refs = RmsNormRefs {
             x: &x.clone().binding(),
             gamma: &gamma.binding(),
@@ -38,6 +41,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormOps
             &refs,
             &out.clone().binding(),
         ));
+        settle_launches(&x.client, &x.device, class);
         out
     }
 
@@ -52,6 +56,10 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormOps
             addressable(grad),
         );
         let [n, d] = [x.meta.shape()[0], x.meta.shape()[1]];
+        let class = launch_class(
+            "rms_norm_backward",
+            &[(&x, ROWS_FIRST), (&gamma, NO_ROWS), (&grad, ROWS_FIRST)],
+        );
         let grad_x = empty(&x, vec![n, d], x.dtype);
         let grad_gamma = empty(&x, vec![d], gamma.dtype);
         let workspace = empty(
@@ -72,6 +80,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> RmsNormOps
             workspace: &workspace.binding(),
         };
         launched(kernels::rms_norm_backward(&x.client, &refs, &grads));
+        settle_launches(&x.client, &x.device, class);
         RmsNormGrads {
             x: grad_x,
             gamma: grad_gamma,

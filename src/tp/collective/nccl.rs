@@ -26,19 +26,22 @@
 //! return a peer's failure (it has finished enqueueing before the peers arrive): when the
 //! device-side wait times out, `ib_copy` fills the result with NaN, never stale data, and
 //! `ib_wait` records the timeout. [`Collective::settle`], which every `tp` call runs before it
-//! returns, reports it: it flushes the exchange's cubecl client (cubecl may hold a thread's
-//! launches until then), then polls the flag words from the host (16 bytes, pauses growing from
-//! 10 µs to 1 ms) until the last exchange's device-side wait has resolved, and returns its
-//! error, so the failed call itself fails, on every rank. The host gives up by itself (and
+//! returns (unless the group defers failures, `with_deferred_failures`), reports it: it flushes
+//! the exchange's cubecl client (cubecl may hold a thread's launches until then), then polls
+//! the flag words from the host (16 bytes, back to back for 20 ms, then every 100 µs) until
+//! the last exchange's device-side wait has resolved, and returns its error, so the failed call
+//! itself fails, on every rank. The host gives up by itself (and
 //! breaks the group) only at twice the timeout after this rank's compute reached the exchange,
 //! so the device-side timeout always speaks first.
 //!
 //! The cost: a `tp` call returns only once this rank's compute up to its last exchange and
-//! the exchange itself are done (the host waits for that, and for up to one pause more). Work
+//! the exchange itself are done (the host waits for that); with deferred failures it returns
+//! once its work is enqueued, and the failure is reported by the next call or `settle`. Work
 //! enqueued after the exchange (the combine) still runs asynchronously, and no device
 //! synchronisation happens. [`Collective::fail`] breaks the group from outside (a failed
 //! backward); `ncclCommInitRank` is run on a watchdog thread, so a rank that never joins
 //! fails [`NcclGroup::new`] in bounded time too.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 
@@ -65,6 +68,8 @@ pub const NCCL_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Words per rank of a host exchange's first (fixed-size) all-gather: the length, then the
 /// block's first words; the validation table fits in one.
 const HOST_ENVELOPE: usize = 128;
+/// How long `settle` polls an exchange's flags back to back before it backs off.
+const SETTLE_SPIN: Duration = Duration::from_millis(20);
 
 /// An NCCL unique id: made once (by rank 0, or by the process that spawns the rank threads)
 /// and handed to every rank. [`NcclId::to_hex`] / [`NcclId::from_hex`] carry it through a file
@@ -142,6 +147,8 @@ struct Shared {
     ordered: Mutex<Option<Ordered>>,
     /// The host exchange's buffers, made at its first call and kept: no allocation per call.
     envelopes: Mutex<Option<Envelopes>>,
+    /// `tp` calls return without waiting for their exchange (`with_deferred_failures`).
+    deferred: AtomicBool,
 }
 
 /// Device and page-locked host buffers of one host exchange: one envelope out, `world` in.
@@ -424,8 +431,20 @@ impl NcclGroup {
                 broken: Mutex::new(None),
                 ordered: Mutex::new(None),
                 envelopes: Mutex::new(None),
+                deferred: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// With `deferred`, a `tp` call returns once its work is enqueued, without waiting on the
+    /// host for its tensor exchange: a failed exchange (a peer missing past the timeout) still
+    /// gives NaN, never stale data, and is reported by this group's next call, or by
+    /// [`Collective::settle`] (call it once per training step, before the optimizer). The default
+    /// (`false`) fails the call that made the exchange, at the cost of a host wait per call.
+    /// Applies to every clone of the group.
+    pub fn with_deferred_failures(self, deferred: bool) -> Self {
+        self.shared.deferred.store(deferred, Ordering::Relaxed);
+        self
     }
 
     /// The GPU of this rank.
@@ -592,7 +611,7 @@ impl NcclGroup {
         // device-side wait then times out first, and the host only backs it up, at twice the
         // timeout. The compute before the exchange is not bounded here.
         let mut deadline = None;
-        let mut pause = Duration::from_micros(10);
+        let polling = Instant::now();
         loop {
             let mut flags = [0u32; 4];
             // SAFETY: reads the group's live 16-byte flag buffer into a local.
@@ -621,8 +640,13 @@ impl NcclGroup {
                 ));
                 return Err(self.break_group(&mut Self::lock(&shared.comm), error));
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            // A sleep would overshoot the exchange's end by up to its length, and the call
+            // waits for that: yield while the exchange is likely close, back off after.
+            if polling.elapsed() < SETTLE_SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
         }
     }
 
@@ -849,6 +873,16 @@ impl<B: CudaBackend> Collective<B> for NcclGroup {
 
     fn settle(&self) -> Result<(), InvariantError> {
         self.settle_exchanges()
+    }
+
+    fn end_call(&self) -> Result<(), InvariantError> {
+        if !self.shared.deferred.load(Ordering::Relaxed) {
+            return self.settle_exchanges();
+        }
+        match Self::lock(&self.shared.broken).clone() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     /// Breaks the group (the first error stays) and aborts the communicator; peers that wait
