@@ -199,7 +199,7 @@ pub fn div_rn(a: f32, b: f32, #[comptime] emulate: bool) -> f32 {
     select(normal, f32::reinterpret(bits), q0)
 }
 
-/// `1 / b` correctly rounded: [`div_rn`] with the numerator's fields written out (significand
+/// `1 / b` correctly rounded: [`div_rn()`] with the numerator's fields written out (significand
 /// 1, biased exponent 127, sign +). A numerator given as the literal `1.0` would reach CUDA as a
 /// `reinterpret_cast` of a literal, which NVRTC rejects.
 #[cube]
