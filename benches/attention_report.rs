@@ -849,7 +849,18 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
     }
 }
 
+/// The attention and RMSNorm report (an NVIDIA GPU; `cargo bench` passes `--bench`).
+#[derive(clap::Parser)]
+struct Args {
+    /// Parts, comma-separated: prefill, decode, rms, memory, burn (default: all).
+    #[arg(value_delimiter = ',')]
+    parts: Vec<String>,
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     #[cfg(feature = "cuda")]
     {
         let available =
@@ -859,11 +870,7 @@ fn main() {
             return;
         }
         let device = cubecl::cuda::CudaDevice::new(0);
-        let filter = std::env::args()
-            .skip(1)
-            .find(|a| !a.starts_with('-'))
-            .unwrap_or_default();
-        let has = |what: &str| filter.is_empty() || filter.split(',').any(|f| f == what);
+        let has = |what: &str| args.parts.is_empty() || args.parts.iter().any(|p| p == what);
         println!(
             "NOTICE: BURN_INVARIANT_IMPL={:?}",
             std::env::var("BURN_INVARIANT_IMPL").ok()

@@ -16,7 +16,7 @@
 # `attnours` (ours: prefill, decode, RMSNorm), `attnref` (SDPA, Burn), `attnmore` (memory; decode and RMSNorm
 # with BURN_INVARIANT_IMPL=cubecl); `attnsanitize`: compute-sanitizer on the attention and rms_norm tests of
 # cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl.
-# `wholemodel`: issue #24's whole-model timing (.gpu/whole_model, benches/whole_model.rs): ours (registry default, then
+# `wholemodel`: the whole-model timing (.gpu/whole_model, benches/whole_model.rs): ours (registry default, then
 # BURN_INVARIANT_IMPL=cubecl), Burn's own ops, the f32 check (NdArray) and PyTorch (benches/whole_model.py, which also
 # compares its f32 log-probs with the check's); table in $OUT/whole_model.md; its parts `wmours` (check, ours twice)
 # and `wmref` (Burn's ops, PyTorch), one device call each. Sizes from WM_* (default: 4 layers of

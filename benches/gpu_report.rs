@@ -468,7 +468,17 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
     }
 }
 
+/// The GPU report beside cuBLAS (an NVIDIA GPU; `cargo bench` passes `--bench`).
+#[derive(clap::Parser)]
+struct Args {
+    /// One part: matmul, logp, api (the default runs these three), rl or memory.
+    part: Option<String>,
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     #[cfg(feature = "cuda")]
     {
         let available =
@@ -478,10 +488,7 @@ fn main() {
             return;
         }
         let device = cubecl::cuda::CudaDevice::new(0);
-        let filter = std::env::args()
-            .nth(1)
-            .filter(|a| !a.starts_with('-'))
-            .unwrap_or_default();
+        let filter = args.part.unwrap_or_default();
         if filter.is_empty() || filter == "matmul" {
             matmul_cases::<B>(&device);
         }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The whole-model bench's PyTorch side (issue #24): the Llama-style policy of
+"""The whole-model bench's PyTorch side: the Llama-style policy of
 `examples/transformer_rollout/model.rs` (`Policy::hashed` weights, bit for bit before the bf16
 rounding) in eager PyTorch: cuBLAS matmuls, `F.scaled_dot_product_attention` (GQA), RMSNorm and the
 half-split RoPE in f32, SwiGLU, logits materialized + f32 `log_softmax` + gather.

@@ -1,4 +1,4 @@
-//! Whole-model timing (issue #24): one rollout step and one training step of a Llama-style
+//! Whole-model timing: one rollout step and one training step of a Llama-style
 //! policy with real layer shapes, ours (`examples/transformer_rollout/model.rs`, every op from
 //! this crate) beside the same model built from Burn's own ops (`BurnPolicy`: `burn::nn::Linear`,
 //! `burn::nn::RmsNorm`, `burn::tensor::module::attention` with K/V repeated to the query heads,
@@ -36,7 +36,7 @@ use burn::tensor::activation::{log_softmax, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use burn_invariant::{InvariantBackend, LinearLogpOptions, linear_logp_full};
+use burn_invariant::{InvariantBackend, LinearLogpOptions};
 use model::{Policy, PolicyConfig, hashed_tokens};
 
 /// Token streams of the formula (`hashed_tokens` ids), shared with `whole_model.py`.
@@ -175,9 +175,9 @@ impl<B: InvariantBackend> Model<B> for Policy<B> {
         let hidden = self.hidden(tokens).expect("hidden");
         let hidden = hidden.reshape([b * l, self.config.d_model]);
         let opts = LinearLogpOptions::default();
-        linear_logp_full(hidden, self.head.val(), targets, None, &opts)
-            .expect("linear_logp_full")
-            .logp
+        self.head
+            .logp(hidden, targets, &opts)
+            .expect("InvariantLmHead::logp")
     }
 
     fn prefill(&self, tokens: Tensor<B, 2, Int>, capacity: usize) -> Self::Cache {
@@ -197,9 +197,9 @@ impl<B: InvariantBackend> Model<B> for Policy<B> {
         let [b, _] = tokens.dims();
         let hidden = self.step(tokens, cache, &vec![1; b]).expect("decode");
         let opts = LinearLogpOptions::default();
-        linear_logp_full(hidden, self.head.val(), targets, None, &opts)
-            .expect("linear_logp_full")
-            .logp
+        self.head
+            .logp(hidden, targets, &opts)
+            .expect("InvariantLmHead::logp")
     }
 }
 
@@ -353,7 +353,7 @@ impl<B: InvariantBackend> BurnPolicy<B> {
             embed: policy.embed.clone(),
             blocks,
             norm: burn_norm(&policy.norm),
-            head: policy.head.clone(),
+            head: policy.head.weight.clone(),
             config: c,
             rope: Rope::new(c.head_dim, c.max_seq_len),
         }
@@ -700,15 +700,33 @@ mod gpu {
     }
 }
 
+/// The whole-model timing; sizes from `WM_*` (see the file's header). `cargo bench` passes
+/// `--bench`.
+#[derive(clap::Parser)]
+struct Args {
+    /// `check` (f32 on NdArray), `ours` or `burn` (those two need `--features cuda`).
+    #[arg(value_enum)]
+    mode: Mode,
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Mode {
+    Check,
+    Ours,
+    Burn,
+}
+
 fn main() {
-    // `cargo bench` passes `--bench`: the mode is the first other argument.
-    let mode = std::env::args().skip(1).find(|a| !a.starts_with("--"));
-    match mode.as_deref() {
-        Some("check") => check(),
+    let args = <Args as clap::Parser>::parse();
+    match args.mode {
+        Mode::Check => check(),
         #[cfg(feature = "cuda")]
-        Some(variant @ ("ours" | "burn")) => gpu::run(variant),
-        _ => println!(
-            "usage: whole_model check | ours | burn (ours and burn need --features cuda); sizes from WM_* (see the file's header)"
-        ),
+        Mode::Ours => gpu::run("ours"),
+        #[cfg(feature = "cuda")]
+        Mode::Burn => gpu::run("burn"),
+        #[cfg(not(feature = "cuda"))]
+        Mode::Ours | Mode::Burn => println!("whole_model ours | burn needs --features cuda"),
     }
 }

@@ -1,4 +1,5 @@
-//! One GRPO-style step with the RL head of `linear_logp_full`: temperature and per-token entropy.
+//! One GRPO-style step with the RL head (`InvariantLmHead::logp_full`, i.e. `linear_logp_full`):
+//! temperature and per-token entropy.
 //!
 //! 1. Rollout: a sampler scores its tokens at temperature 0.7 one decode step at a time, so each
 //!    call holds only the sequences still running (ragged batches of varying size).
@@ -13,12 +14,12 @@
 //!
 //! CPU (NdArray) by default: `cargo run --release --example grpo_step`.
 //! `--features cuda` runs it on CUDA in bf16, `--features wgpu` on wgpu in f32.
-use burn::module::{AutodiffModule, Module, Param};
+use burn::module::{AutodiffModule, Initializer, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::{DType, Distribution, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 use burn_invariant::{
-    InvariantBackend, LinearLogpOptions, LinearLogpOutput, linear_logp_full,
-    nn::{InvariantLinear, InvariantLinearConfig},
+    InvariantBackend, LinearLogpOptions, LinearLogpOutput,
+    nn::{InvariantLinear, InvariantLinearConfig, InvariantLmHead, InvariantLmHeadConfig},
 };
 
 #[cfg(feature = "cuda")]
@@ -41,16 +42,20 @@ const CLIP: f64 = 0.2;
 #[derive(Module, Debug)]
 struct Policy<B: InvariantBackend> {
     proj: InvariantLinear<B>,
-    /// `[VOCAB, D_MODEL]`, the LM-head layout `linear_logp_full` takes.
-    unembed: Param<Tensor<B, 2>>,
+    /// `[VOCAB, D_MODEL]`.
+    unembed: InvariantLmHead<B>,
 }
 
 impl<B: InvariantBackend> Policy<B> {
     fn new(device: &B::Device) -> Self {
-        let unembed = Tensor::random([VOCAB, D_MODEL], Distribution::Normal(0.0, 0.3), device);
         Self {
             proj: InvariantLinearConfig::new(D_MODEL, D_MODEL).init(device),
-            unembed: Param::from_tensor(unembed),
+            unembed: InvariantLmHeadConfig::new(D_MODEL, VOCAB)
+                .with_initializer(Initializer::Normal {
+                    mean: 0.0,
+                    std: 0.3,
+                })
+                .init(device),
         }
     }
 
@@ -61,8 +66,9 @@ impl<B: InvariantBackend> Policy<B> {
             .with_ignore_index(PAD)
             .with_temperature(TEMPERATURE)
             .with_entropy(true);
-        linear_logp_full(hidden, self.unembed.val(), tokens, None, &options)
-            .expect("linear_logp_full")
+        self.unembed
+            .logp_full(hidden, tokens, &options)
+            .expect("InvariantLmHead::logp_full")
     }
 }
 

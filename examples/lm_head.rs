@@ -1,15 +1,16 @@
-//! Train a small LM head with `InvariantLinear` + `linear_logp` (padding rows ignored), then
+//! Train a small LM head (`InvariantLinear` + `InvariantLmHead`, scored by `linear_logp` with
+//! padding rows ignored), then
 //! show that one sequence's per-token log-probs are bitwise the same scored alone, in a batch
 //! of 32 and in chunks — the rollout/trainer agreement RL post-training needs.
 //!
 //! CPU (NdArray reference) by default: `cargo run --release --example lm_head`.
 //! `--features wgpu` or `--features cuda` runs it on that backend.
-use burn::module::{AutodiffModule, Module, Param};
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::AutodiffBackend};
 use burn_invariant::{
-    InvariantBackend, LinearLogpOptions, linear_logp,
-    nn::{InvariantLinear, InvariantLinearConfig},
+    InvariantBackend, LinearLogpOptions,
+    nn::{InvariantLinear, InvariantLinearConfig, InvariantLmHead, InvariantLmHeadConfig},
     registry::{Op, implementation_for},
 };
 
@@ -30,20 +31,20 @@ const PAD: i64 = -100;
 #[derive(Module, Debug)]
 struct LmHead<B: InvariantBackend> {
     proj: InvariantLinear<B>,
-    /// `[VOCAB, D_MODEL]`, the LM-head layout `linear_logp` takes.
-    unembed: Param<Tensor<B, 2>>,
+    /// `[VOCAB, D_MODEL]`.
+    unembed: InvariantLmHead<B>,
 }
 
 impl<B: InvariantBackend> LmHead<B> {
     fn new(device: &B::Device) -> Self {
-        let unembed = Tensor::random(
-            [VOCAB, D_MODEL],
-            burn::tensor::Distribution::Normal(0.0, 0.05),
-            device,
-        );
         Self {
             proj: InvariantLinearConfig::new(D_MODEL, D_MODEL).init(device),
-            unembed: Param::from_tensor(unembed),
+            unembed: InvariantLmHeadConfig::new(D_MODEL, VOCAB)
+                .with_initializer(burn::module::Initializer::Normal {
+                    mean: 0.0,
+                    std: 0.05,
+                })
+                .init(device),
         }
     }
 
@@ -51,7 +52,9 @@ impl<B: InvariantBackend> LmHead<B> {
     fn logp(&self, features: Tensor<B, 2>, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
         let hidden = self.proj.forward(features).expect("proj").tanh();
         let options = LinearLogpOptions::default().with_ignore_index(PAD);
-        linear_logp(hidden, self.unembed.val(), targets, None, &options).expect("linear_logp")
+        self.unembed
+            .logp(hidden, targets, &options)
+            .expect("InvariantLmHead::logp")
     }
 }
 

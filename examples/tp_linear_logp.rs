@@ -19,9 +19,11 @@
 //! per GPU; it needs `world` visible GPUs. `--cuda-procs` runs the same world with one *process*
 //! per GPU, the multi-process setup (`NcclId` made by the parent, passed to every rank in the
 //! environment, `NcclGroup::new` per rank); rank 0 then also runs world 1 and checks the bits.
-//! `--deferred` builds the NCCL groups `with_deferred_failures(true)`: a call returns without
-//! waiting on the host for its exchange. Besides each step timed alone, `pipelined` is the time
-//! per step of `iters` steps enqueued back to back with one device sync at the end.
+//! `RUST_LOG=burn_invariant::tp::trace=trace` prints the engine's phase timings (each phase then
+//! waits for the device). `--deferred` builds the NCCL groups `with_deferred_failures(true)`: a
+//! call returns without waiting on the host for its exchange. Besides each step timed alone,
+//! `pipelined` is the time per step of `iters` steps enqueued back to back with one device sync
+//! at the end.
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -526,60 +528,74 @@ mod procs {
     }
 }
 
+/// Vocabulary-sharded `linear_logp`: TP-size invariance and timing (see the file's header).
+#[derive(clap::Parser)]
+struct Args {
+    /// One thread per GPU (feature `cuda`, bf16, NCCL).
+    #[arg(long, conflicts_with = "cuda_procs")]
+    cuda: bool,
+    /// One process per GPU (feature `cuda`).
+    #[arg(long)]
+    cuda_procs: bool,
+    /// Internal: this process is rank `R` of a `--cuda-procs` run.
+    #[arg(long, hide = true, value_name = "R")]
+    cuda_rank: Option<usize>,
+    /// Build the NCCL groups `with_deferred_failures(true)`.
+    #[arg(long)]
+    deferred: bool,
+    /// Ranks.
+    #[arg(default_value_t = 4)]
+    world: usize,
+    /// Rows N.
+    #[arg(default_value_t = 64)]
+    tokens: usize,
+    /// Hidden size D.
+    #[arg(default_value_t = 128)]
+    hidden: usize,
+    /// Vocabulary V.
+    #[arg(default_value_t = 8192)]
+    vocab: usize,
+    /// Timed steps.
+    #[arg(default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+}
+
 fn main() {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let mode = args
-        .first()
-        .filter(|a| a.starts_with("--"))
-        .cloned()
-        .unwrap_or_default();
-    if !mode.is_empty() {
-        args.remove(0);
-    }
-    let deferred = args.iter().any(|a| a == "--deferred");
-    args.retain(|a| a != "--deferred");
-    let cuda = mode == "--cuda";
-    let numbers: Vec<usize> = args
-        .iter()
-        .map(|a| {
-            a.parse().expect(
-                "arguments: [--cuda] [world] [tokens] [hidden] [vocab] [iters] [--deferred]",
-            )
-        })
-        .collect();
-    let arg = |i: usize, default: usize| numbers.get(i).copied().unwrap_or(default);
+    env_logger::init();
+    let args = <Args as clap::Parser>::parse();
     let (world, n, d, v, iters) = (
-        arg(0, 4),
-        arg(1, 64),
-        arg(2, 128),
-        arg(3, 8192),
-        arg(4, 1).max(1),
+        args.world,
+        args.tokens,
+        args.hidden,
+        args.vocab,
+        args.iters as usize,
     );
     #[cfg(feature = "cuda")]
     {
-        let sizes = [arg(1, 64), arg(2, 128), arg(3, 8192), arg(4, 1).max(1)];
-        let done = match mode.as_str() {
-            "--cuda-procs" => Some(procs::parent(arg(0, 4), sizes, deferred)),
-            // Internal: one rank of --cuda-procs (arguments: rank, then the usual ones).
-            "--cuda-rank" => {
-                let rest = [arg(2, 64), arg(3, 128), arg(4, 8192), arg(5, 1).max(1)];
-                Some(procs::child(arg(0, 0), arg(1, 1), rest, deferred))
-            }
-            _ => None,
+        let sizes = [n, d, v, iters];
+        let done = match (args.cuda_procs, args.cuda_rank) {
+            (_, Some(rank)) => Some(procs::child(rank, world, sizes, args.deferred)),
+            (true, None) => Some(procs::parent(world, sizes, args.deferred)),
+            (false, None) => None,
         };
         if let Some(ok) = done {
             println!("{}", if ok { "OK" } else { "FAILED" });
             std::process::exit(if ok { 0 } else { 1 });
         }
     }
-    if !mode.is_empty() && !cuda {
-        eprintln!("unknown mode {mode}: expected --cuda, --cuda-procs (feature `cuda`) or none");
-        std::process::exit(2);
-    }
-    let ok = if cuda {
+    let ok = if args.cuda || args.cuda_procs || args.cuda_rank.is_some() {
         #[cfg(feature = "cuda")]
         {
-            run(Gpu { deferred }, world, n, d, v, iters)
+            run(
+                Gpu {
+                    deferred: args.deferred,
+                },
+                world,
+                n,
+                d,
+                v,
+                iters,
+            )
         }
         #[cfg(not(feature = "cuda"))]
         {

@@ -50,6 +50,12 @@ pub trait InvariantBackend:
         Ok(())
     }
 
+    /// What, besides the code, decides the bits this backend computes for `dtype` on `device`:
+    /// the device's architecture and the kernel variants its capabilities select (for
+    /// [`crate::fingerprint`]). Backend wrappers that compute the same bits (`Autodiff`,
+    /// `Fusion`) return their inner backend's.
+    fn invariant_kernel_choices(device: &Self::Device, dtype: DType) -> String;
+
     /// The failure of an earlier launch on `device`, once one was seen
     /// ([`InvariantError::DeviceFailed`]): the registry refuses every call there, and the
     /// public functions check it again after their primitives ran. Backends whose launches

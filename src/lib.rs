@@ -4,6 +4,7 @@
 pub mod backend;
 mod backends;
 mod error;
+mod fingerprint;
 pub mod nn;
 pub mod ops;
 pub mod registry;
@@ -12,6 +13,7 @@ mod validate;
 
 pub use backend::InvariantBackend;
 pub use error::InvariantError;
+pub use fingerprint::{Fingerprint, fingerprint};
 pub use ops::attention::{AttentionOptions, attention};
 pub use ops::linear_logp::{
     LinearLogpOptions, LinearLogpOutput, linear_logp, linear_logp_full, linear_logp_with_lse,

@@ -1,7 +1,9 @@
 //! Modules: `InvariantLinear`, a drop-in for `burn::nn::Linear` whose forward (and backward) is
 //! the batch-invariant [`crate::linear`]; [`InvariantRmsNorm`], a drop-in for
-//! `burn::nn::RmsNorm`; and [`InvariantAttention`] with its [`KvCache`].
+//! `burn::nn::RmsNorm`; [`InvariantAttention`] with its [`KvCache`]; and [`InvariantLmHead`],
+//! the `[vocab, d_model]` head scored by `linear_logp*`.
 mod attention;
+mod lm_head;
 mod rms_norm;
 
 pub use attention::{InvariantAttention, InvariantAttentionConfig, KvCache, RopeTables};
@@ -9,6 +11,7 @@ use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::{Linear, LinearConfig, LinearLayout};
 use burn::tensor::Tensor;
+pub use lm_head::{InvariantLmHead, InvariantLmHeadConfig};
 pub use rms_norm::{InvariantRmsNorm, InvariantRmsNormConfig};
 
 use crate::{InvariantBackend, InvariantError};

@@ -123,6 +123,10 @@ pub struct Candidate {
     pub implementation: Implementation,
     /// `Ok` when it can run, otherwise why not.
     pub availability: Result<(), String>,
+    /// The device's architecture calls for this implementation, but this host lacks what it
+    /// needs (a toolchain, a library): no other candidate may stand in for it, since that would
+    /// compute other bits than the same device on a host that has it.
+    pub required: bool,
 }
 
 impl Candidate {
@@ -131,6 +135,7 @@ impl Candidate {
         Self {
             implementation,
             availability: Ok(()),
+            required: false,
         }
     }
 
@@ -139,6 +144,16 @@ impl Candidate {
         Self {
             implementation,
             availability: Err(reason.into()),
+            required: false,
+        }
+    }
+
+    /// The device's own implementation, which this host cannot run (see [`Candidate::required`]).
+    pub fn missing_on_host(implementation: Implementation, reason: impl Into<String>) -> Self {
+        Self {
+            implementation,
+            availability: Err(reason.into()),
+            required: true,
         }
     }
 }
@@ -172,8 +187,10 @@ thread_local! {
 /// Which implementation runs `op` on `device` for `dtype`, or the error the call would return.
 ///
 /// Without an override this is the first available candidate of the backend (its preference
-/// order); with `BURN_INVARIANT_IMPL` set it is that implementation or an error, never a
-/// silent fallback.
+/// order), unless a candidate before it is required by the device but missing on this host
+/// (Sm90 on a Hopper GPU without NVRTC or the CUDA headers): then an error, since another host
+/// with the same GPU would run other kernels. With `BURN_INVARIANT_IMPL` set it is that
+/// implementation or an error, never a silent fallback.
 pub fn implementation_for<B: InvariantBackend>(
     op: Op,
     device: &B::Device,
@@ -234,7 +251,35 @@ fn choose<B: InvariantBackend>(
                 });
             }
         },
-        None => match candidates.iter().find(|c| c.availability.is_ok()) {
+        None => match candidates
+            .iter()
+            .find(|c| c.availability.is_ok() || c.required)
+        {
+            Some(Candidate {
+                implementation,
+                availability: Err(reason),
+                ..
+            }) => {
+                let portable = candidates
+                    .iter()
+                    .find(|c| c.availability.is_ok())
+                    .map(|c| c.implementation.env_name());
+                return Err(InvariantError::ImplementationUnavailable {
+                    op,
+                    implementation: *implementation,
+                    backend: backend(),
+                    device: format!("{device:?}"),
+                    dtype,
+                    reason: match portable {
+                        Some(name) => format!(
+                            "it is this device's implementation, but {reason}; \
+                             {OVERRIDE_ENV}={name} runs the portable kernels instead, \
+                             with other bits than this device elsewhere"
+                        ),
+                        None => format!("it is this device's implementation, but {reason}"),
+                    },
+                });
+            }
             Some(candidate) => candidate.implementation,
             None => {
                 let reasons = candidates

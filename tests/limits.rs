@@ -342,9 +342,11 @@ mod cuda {
         );
     }
 
-    /// Without NVRTC's headers, `Sm90` is unavailable with the reason, found before anything
-    /// launches: the default takes CubeCl, a forced `sm90` is an error. Runs the check below in
-    /// a child process, whose `CUDA_PATH` names no installation (the check runs once a process).
+    /// Without NVRTC's headers, `Sm90` cannot run, found before anything launches. On a Hopper
+    /// GPU, where it is the device's implementation for bf16/f16, the default is then an error
+    /// that names the reason and the override (never the portable kernels' other bits), a forced
+    /// `sm90` an error, a forced `cubecl` runs; elsewhere the default is CubeCl. Runs the check
+    /// below in a child process, whose `CUDA_PATH` names no installation (checked once a process).
     #[test]
     #[serial]
     fn sm90_needs_nvrtc() {
@@ -365,8 +367,21 @@ mod cuda {
             std::env::var("CUDA_PATH").as_deref(),
             Ok("/nonexistent-cuda")
         );
-        let chosen = implementation_for::<B>(Op::LinearLogp, &device, DType::BF16).unwrap();
-        assert_eq!(chosen, Implementation::CubeCl);
+        let hopper = burn_invariant::fingerprint::<B>(&device)
+            .entries()
+            .iter()
+            .any(|(_, value)| value.contains("sm_90"));
+        let default = implementation_for::<B>(Op::LinearLogp, &device, DType::BF16);
+        if hopper {
+            let err = default.unwrap_err();
+            assert!(
+                matches!(&err, InvariantError::ImplementationUnavailable { implementation: Implementation::Sm90, reason, .. }
+                    if reason.contains("NVRTC") && reason.contains("BURN_INVARIANT_IMPL=cubecl")),
+                "{err}"
+            );
+        } else {
+            assert_eq!(default.unwrap(), Implementation::CubeCl);
+        }
         // SAFETY: this child process runs this one test, on one thread.
         unsafe { std::env::set_var(OVERRIDE_ENV, "sm90") };
         let err = implementation_for::<B>(Op::Matmul, &device, DType::BF16).unwrap_err();
@@ -374,6 +389,10 @@ mod cuda {
             matches!(&err, InvariantError::ImplementationUnavailable { reason, .. } if reason.contains("NVRTC")),
             "{err}"
         );
+        // SAFETY: as above.
+        unsafe { std::env::set_var(OVERRIDE_ENV, "cubecl") };
+        let chosen = implementation_for::<B>(Op::Matmul, &device, DType::BF16).unwrap();
+        assert_eq!(chosen, Implementation::CubeCl);
     }
 
     /// The CubeCl backward at a Qwen2.5-72B head (V = 152064, D = 8192) over 131072 packed

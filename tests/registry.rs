@@ -103,3 +103,31 @@ fn override_selects_or_refuses() {
         );
     }
 }
+
+/// The fingerprint: stable, the same for a backend and its `Autodiff` (a rollout without
+/// gradients and its trainer), printable with its digest; and it changes when another
+/// implementation is forced.
+#[test]
+#[serial]
+fn fingerprint_follows_the_implementation() {
+    let device = Default::default();
+    let plain = burn_invariant::fingerprint::<B>(&device);
+    assert_eq!(plain, burn_invariant::fingerprint::<B>(&device));
+    assert_eq!(plain, burn_invariant::fingerprint::<AD>(&device));
+    let digest = plain.digest();
+    assert_eq!(digest.len(), 16);
+    let text = plain.to_string();
+    assert!(
+        text.starts_with(&format!("burn-invariant fingerprint {digest}")),
+        "{text}"
+    );
+    assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");
+    assert!(text.contains("Matmul Reference"), "{text}");
+    let forced = {
+        let _override = Override::set("cubecl");
+        burn_invariant::fingerprint::<B>(&device)
+    };
+    assert_ne!(forced, plain);
+    assert_ne!(forced.digest(), digest);
+    assert_eq!(plain, burn_invariant::fingerprint::<B>(&device));
+}

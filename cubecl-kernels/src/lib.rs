@@ -106,3 +106,26 @@ pub use rms_norm::{
     rms_norm_backward_workspace_len, rms_norm_forward, rms_norm_limits,
 };
 pub use util::{FloatDType, IndexDType, runtime_supports};
+
+use cubecl::prelude::{ComputeClient, Runtime};
+
+/// FNV-1a 64 of this crate's `src/` at build time: equal in two builds exactly when their
+/// kernels are the same code.
+pub const SOURCE_HASH: &str = env!("BURN_INVARIANT_CUBECL_SOURCE_HASH");
+
+/// What this client's device makes the kernels choose for `dtype`, beside the code itself: the
+/// GEMM path and tile ([`matmul_path`]; `linear_logp` takes its tensor-core path where the GEMM
+/// is cmma) and the head sizes up to 256 (multiples of 16) whose attention forward runs on tensor
+/// cores. Everything else gives the same bits on every device (an emulated `fma` rounds as a
+/// fused one; tiles that follow the shape change no bit). For `burn_invariant::fingerprint`.
+pub fn kernel_choices<R: Runtime>(client: &ComputeClient<R>, dtype: FloatDType) -> String {
+    let gemm = match matmul_path(client, dtype.storage(), 0, 0) {
+        Ok(path) => format!("{path:?}"),
+        Err(err) => format!("unsupported ({err})"),
+    };
+    let attention_tc: Vec<usize> = (1..=16)
+        .map(|i| 16 * i)
+        .filter(|&d| attention::attention_forward_uses_tensor_cores(client, dtype, d))
+        .collect();
+    format!("gemm {gemm}; attention on tensor cores for head sizes {attention_tc:?}")
+}

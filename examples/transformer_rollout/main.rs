@@ -148,7 +148,7 @@ fn rollout(
     let mut batch_sizes = vec![n];
     loop {
         // Sample the next token of every running sequence, then score it with the head.
-        let logits = host(policy.sampling_logits(hidden.clone()));
+        let logits = host(policy.sampling_logits(hidden.clone()).expect("logits"));
         let tokens = sample(&logits, CONFIG.vocab, &mut rng);
         let out = policy
             .score(hidden, ints1(tokens.clone(), device))
@@ -240,6 +240,18 @@ fn main() {
                 .collect()
         })
         .collect();
+
+    // The rollout worker and the trainer compare fingerprints before they compare any number:
+    // equal fingerprints mean the same kernels on the same code (here one process, two backends).
+    let rollout_fingerprint = burn_invariant::fingerprint::<Inner>(&device);
+    let trainer_fingerprint = burn_invariant::fingerprint::<Train>(&device);
+    println!("rollout {rollout_fingerprint}");
+    let same_kernels = rollout_fingerprint == trainer_fingerprint;
+    println!(
+        "trainer fingerprint {}: {}",
+        trainer_fingerprint.digest(),
+        if same_kernels { "equal" } else { "DIFFERENT" }
+    );
 
     // 1. Rollout on the inner backend (no autodiff), as a sampler would.
     let sampler = policy.valid();
@@ -390,7 +402,7 @@ fn main() {
         .count();
     println!("after one Adam step: {moved} / {n_gen} log-probs changed");
 
-    if logp_eq != n_gen || ent_eq != n_gen || !chunked_ok {
+    if logp_eq != n_gen || ent_eq != n_gen || !chunked_ok || !same_kernels {
         eprintln!("rollout and trainer differ");
         std::process::exit(1);
     }

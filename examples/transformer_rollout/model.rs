@@ -1,8 +1,8 @@
 //! A small Llama-style policy built from burn-invariant's modules only: token embedding (a
 //! gather), `n_layers` pre-norm blocks of [`InvariantRmsNorm`] → [`InvariantAttention`] (GQA,
 //! RoPE, KV cache) → residual → [`InvariantRmsNorm`] → SwiGLU MLP of [`InvariantLinear`] →
-//! residual, a final [`InvariantRmsNorm`], and an LM head `[vocab, d_model]` used only through
-//! [`linear_logp_full`].
+//! residual, a final [`InvariantRmsNorm`], and an [`InvariantLmHead`] `[vocab, d_model]` scored
+//! through `linear_logp_full`.
 //!
 //! Two paths compute the same hidden states, bitwise: [`Policy::trainer`] (one causal prefill of
 //! right-padded sequences, differentiable) and [`Policy::step`] (the rollout: left-padded tokens
@@ -15,11 +15,10 @@
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Int, Tensor, TensorData, activation::silu, backend::Backend};
 use burn_invariant::nn::{
-    InvariantAttention, InvariantAttentionConfig, InvariantLinear, InvariantRmsNorm, KvCache,
+    InvariantAttention, InvariantAttentionConfig, InvariantLinear, InvariantLmHead,
+    InvariantRmsNorm, KvCache,
 };
-use burn_invariant::{
-    InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput, linear_logp_full,
-};
+use burn_invariant::{InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput};
 
 /// Sizes and the head's options.
 #[derive(Debug, Clone, Copy)]
@@ -173,8 +172,8 @@ pub struct Policy<B: InvariantBackend> {
     pub embed: Param<Tensor<B, 2>>,
     pub blocks: Vec<Block<B>>,
     pub norm: InvariantRmsNorm<B>,
-    /// `[vocab, d_model]`, the layout `linear_logp_full` takes.
-    pub head: Param<Tensor<B, 2>>,
+    /// `[vocab, d_model]`, scored by `linear_logp_full`.
+    pub head: InvariantLmHead<B>,
     #[module(skip)]
     pub config: PolicyConfig,
 }
@@ -271,7 +270,10 @@ impl<B: InvariantBackend> Policy<B> {
             embed,
             blocks,
             norm: final_norm,
-            head,
+            head: InvariantLmHead {
+                weight: head,
+                bias: None,
+            },
             config,
         })
     }
@@ -340,7 +342,10 @@ impl<B: InvariantBackend> Policy<B> {
             embed: table(0, 1.0),
             blocks,
             norm: norm(2),
-            head: table(1, 2.0 * fan(c.d_model)),
+            head: InvariantLmHead {
+                weight: table(1, 2.0 * fan(c.d_model)),
+                bias: None,
+            },
             config,
         })
     }
@@ -360,17 +365,18 @@ impl<B: InvariantBackend> Policy<B> {
         hidden: Tensor<B, 2>,
         targets: Tensor<B, 1, Int>,
     ) -> Result<LinearLogpOutput<B>, InvariantError> {
-        linear_logp_full(hidden, self.head.val(), targets, None, &self.head_options())
+        self.head.logp_full(hidden, targets, &self.head_options())
     }
 
-    /// The tempered logits `h·Wᵀ / T` as f32 `[N, vocab]`, by a plain matmul: only to sample
-    /// from (not part of the bitwise promise; the sampled token is scored by [`Self::score`]).
-    pub fn sampling_logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        let w = self.head.val().cast(DType::F32);
-        hidden
+    /// The tempered logits `h·Wᵀ / T` as f32 `[N, vocab]`, from the head's batch-invariant
+    /// logits (in the model's dtype): only to sample from; the sampled token is scored by
+    /// [`Self::score`].
+    pub fn sampling_logits(&self, hidden: Tensor<B, 2>) -> Result<Tensor<B, 2>, InvariantError> {
+        Ok(self
+            .head
+            .logits(hidden)?
             .cast(DType::F32)
-            .matmul(w.transpose())
-            .div_scalar(self.config.temperature)
+            .div_scalar(self.config.temperature))
     }
 
     fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
@@ -402,8 +408,8 @@ impl<B: InvariantBackend> Policy<B> {
     /// Empty KV caches (one per layer) for `batch` rows of up to `capacity` positions.
     pub fn new_caches(&self, batch: usize, capacity: usize) -> Vec<KvCache<B>> {
         let c = &self.config;
-        let device = self.head.val().device();
-        let dtype = self.head.val().dtype();
+        let device = self.head.weight.val().device();
+        let dtype = self.head.weight.val().dtype();
         (0..c.n_layers)
             .map(|_| KvCache::new(batch, c.n_kv_heads, capacity, c.head_dim, dtype, &device))
             .collect()

@@ -8,7 +8,11 @@ data, the f32 references and the cuBLAS timings.
 Usage: sm90_harness.py [--cubin-dir D] [--only MODES]   (default MODES = gemm,logp,perf)
 MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timings vs cuBLAS), perfbwd (NT/TN
 and logp-backward parts separately), ksweep (time vs K), prof (one launch each, for ncu), sanitize (small
-shapes through every entry point, for compute-sanitizer). Exit status 1 if any check fails.
+shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
+bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
+attnperf (attention forward timings beside torch SDPA flash / cuDNN). Exit status 1 if any check fails.
+Needs no Rust build: the sources are compiled here through nvrtc_check's helpers (pip install torch and the
+nvidia-cuda-nvrtc 13.0 wheels, see nvrtc_check.py).
 """
 import ctypes
 import math
@@ -456,6 +460,298 @@ def test_logp():
           bool(torch.isfinite(lpb[2:]).all().item()))
 
 
+# ---------------------------------------------------------------------------------------------- attention
+ATTN_CAUSAL = CONSTANTS["ATTN_CAUSAL"]
+
+
+def attn_fwd(q, k, v, kv_lens=None, causal=True, scale=None, out=None, lse=None):
+    """ib_attn_fwd_<T>_d<Dh> (README 'Attention'): q [B,H,Q,Dh], k/v [B,KH,KV,Dh] contiguous, kv_lens int32 [B]
+    (None: KV). Returns (out [B,H,Q,Dh] in q's dtype, lse [B,H,Q] f32); out/lse are NaN-filled first unless given."""
+    B, H, Q, D = q.shape
+    KH, KV = k.shape[1], k.shape[2]
+    assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and H % KH == 0 and KV >= 1
+    if kv_lens is None:
+        kv_lens = torch.full((B,), KV, dtype=torch.int32, device="cuda")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if out is None:
+        out = torch.full_like(q, float("nan"))
+    if lse is None:
+        lse = torch.full((B, H, Q), float("nan"), device="cuda")
+    name = f"ib_attn_fwd_{sfx(q.dtype)}_d{D}"
+    e = ENTRIES[name]
+    G = H // KH
+    grid = B * KH * -(-(G * Q) // e.rows)  # one CTA per (batch row, KV head, 128 packed query rows)
+    maps = [tmap(q, B * H * Q, D, D), tmap(k, B * KH * KV, D, D), tmap(v, B * KH * KV, D, D)]
+    params = struct.pack("<IIIIIIfI", B, H, KH, Q, KV, ATTN_CAUSAL if causal else 0, scale, 0)
+    launch(name, grid, maps, [q, k, v, q, k, v, kv_lens, out, lse], params)
+    return out, lse
+
+
+def ref_attn(q, k, v, kv_lens, causal, scale=None):
+    """f64 reference of docs/CONTRACT.md 'attention semantics': (out f64, lse f64; -inf and zeros where pos < 0)."""
+    B, H, Q, D = q.shape
+    KH, KV = k.shape[1], k.shape[2]
+    G = H // KH
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    kf = k.double().repeat_interleave(G, dim=1)
+    vf = v.double().repeat_interleave(G, dim=1)
+    s = (q.double() @ kf.transpose(-1, -2)) * scale  # [B,H,Q,KV]
+    L = kv_lens.long().to(q.device)
+    j = torch.arange(KV, device=q.device)
+    pos = L[:, None] - Q + torch.arange(Q, device=q.device)[None, :]  # [B,Q]
+    vis = j[None, None, :] < L[:, None, None]  # [B,1,KV] -> [B,Q,KV]
+    if causal:
+        vis = vis & (j[None, None, :] <= pos[:, :, None])
+    else:
+        vis = vis.expand(B, Q, KV)
+    live = pos >= 0  # [B,Q]
+    vis = vis & live[:, :, None]
+    s = s.masked_fill(~vis[:, None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf where nothing is visible
+    p = torch.exp(s - lse[..., None])
+    p = torch.where(vis[:, None], p, torch.zeros_like(p))
+    out = p @ vf
+    out = torch.where(live[:, None, :, None], out, torch.zeros_like(out))
+    lse = torch.where(live[:, None, :], lse, torch.full_like(lse, float("-inf")))
+    return out, lse
+
+
+def _lens(vals):
+    return torch.tensor(vals, dtype=torch.int32, device="cuda")
+
+
+_WATCH = {}
+
+
+def _watchdog(what, limit_s=120):
+    """A kernel that never ran before may hang (a barrier phase, a TMA byte count): exit with a FAIL line instead
+    of spending the device session. Progress = a check() line; started (once) by the attention modes."""
+    import threading
+    started = bool(_WATCH)
+    _WATCH.update(what=what, limit=limit_s)
+    if started:
+        return
+
+    def watch():
+        seen, since = len(RESULTS), time.time()
+        while True:
+            time.sleep(5)
+            if len(RESULTS) != seen:
+                seen, since = len(RESULTS), time.time()
+            elif time.time() - since > _WATCH["limit"]:
+                last = RESULTS[-1][0] if RESULTS else "none"
+                print(f"[FAIL] {_WATCH['what']}: no progress for {_WATCH['limit']} s (a hung kernel?); "
+                      f"last check: {last}", flush=True)
+                print(f"SUMMARY: {sum(1 for _, ok in RESULTS if ok)} PASS, "
+                      f"{sum(1 for _, ok in RESULTS if not ok) + 1} FAIL", flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def test_attn():
+    """Correctness vs f64 and bitwise invariance of the attention forward (README 'Attention forward')."""
+    _watchdog("attn")
+    torch.manual_seed(4)
+    # (B, H, KH, Q, KV, kv_lens): group rows G*Q = 148 (two tiles, a head boundary inside the second), ragged
+    # lens with 0 and < Q; a long one (1200 group rows, 6 key blocks: the K/V ring wraps several times); MQA and
+    # G = 1; decode-sized Q = 1; KV = 1.
+    cases = [(3, 8, 2, 37, 150, [150, 0, 20]), (3, 8, 2, 37, 150, [137, 64, 128]), (2, 8, 2, 300, 700, [700, 333]),
+             (2, 4, 1, 5, 200, [200, 129]), (2, 2, 2, 64, 64, [64, 63]), (4, 32, 8, 1, 300, [300, 1, 128, 257]),
+             (1, 2, 1, 1, 1, [1])]
+    for dt in (torch.bfloat16, torch.float16):
+        tol = 1e-2 if dt == torch.bfloat16 else 4e-3
+        for D in (64, 128):
+            for causal in (True, False):
+                tag = f"{sfx(dt)} d{D} {'causal' if causal else 'full'}"
+                for (B, H, KH, Q, KV, L) in cases:
+                    q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
+                    lens = _lens(L)
+                    out, lse = attn_fwd(q, k, v, lens, causal)
+                    ro, rl = ref_attn(q, k, v, lens, causal)
+                    e = rel(out, ro)
+                    written = not (torch.isnan(out).any().item() or torch.isnan(lse).any().item())
+                    fin = torch.isfinite(rl)
+                    dl = (lse[fin].double() - rl[fin]).abs().max().item() if fin.any() else 0.0
+                    dead_ok = bool((lse[~fin] == float("-inf")).all().item()) and \
+                        bool((out[~fin] == 0).all().item())
+                    check(f"attn {tag} B={B} H={H} KH={KH} Q={Q} KV={KV} lens={L}",
+                          e <= tol and written and dl < 2e-3 and dead_ok,
+                          f"rel={e:.2e} max|dlse|={dl:.1e} written={written} pos<0 rows zero/-inf={dead_ok}")
+                # ---- invariance on a ragged, padded batch (bitwise)
+                B, H, KH, Q, KV = 3, 8, 2, 37, 150
+                L = [150, 90, 41]
+                q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
+                lens = _lens(L)
+                out, lse = attn_fwd(q, k, v, lens, causal)
+                # (4) rerun determinism
+                o2, l2 = attn_fwd(q, k, v, lens, causal)
+                check(f"attn {tag} rerun determinism", torch.equal(out, o2) and torch.equal(lse, l2))
+                # (5) in-bounds garbage past kv_len (NaN K and V rows of the same buffers) changes nothing;
+                # out/lse were NaN-filled before the launch, so every element is written
+                kp, vp = k.clone(), v.clone()
+                for b in range(B):
+                    kp[b, :, L[b]:] = float("nan"); vp[b, :, L[b]:] = float("nan")
+                o3, l3 = attn_fwd(q, kp, vp, lens, causal)
+                check(f"attn {tag} NaN K/V past kv_len: bitwise unchanged, every element written",
+                      torch.equal(out, o3) and torch.equal(lse, l3) and not torch.isnan(o3).any().item(),
+                      f"mismatches={(out != o3).sum().item()}")
+                # (1) decode = prefill: query s alone (Q = 1) at its position, kv_lens = pos + 1 (causal) or the
+                # same kv_lens (full attention: rows with pos >= 0 only)
+                pos = torch.tensor(L)[:, None] - Q + torch.arange(Q)[None, :]  # [B,Q]
+                ok, bad = True, 0
+                for s_ in range(Q):
+                    qs = q[:, :, s_:s_ + 1].contiguous()
+                    ls = _lens([max(0, L[b] - Q + s_ + 1) for b in range(B)]) if causal else lens
+                    od, ld = attn_fwd(qs, kp, vp, ls, causal)
+                    for b in range(B):
+                        if not causal and pos[b, s_] < 0:
+                            continue
+                        same = torch.equal(od[b, :, 0], out[b, :, s_]) and torch.equal(ld[b, :, 0], lse[b, :, s_])
+                        ok &= same
+                        bad += 0 if same else 1
+                check(f"attn {tag} decode (Q=1 per position, NaN past kv_len) == prefill rows bitwise", ok,
+                      f"mismatching (row, position)s={bad}")
+                # (2) a batch row alone (B = 1: tight cache KV = kv_len, and the padded cache) == in the ragged batch
+                ok = True
+                for b in range(B):
+                    ot, lt = attn_fwd(q[b:b + 1].contiguous(), k[b:b + 1, :, :L[b]].contiguous(),
+                                      v[b:b + 1, :, :L[b]].contiguous(), _lens([L[b]]), causal)
+                    op, lp = attn_fwd(q[b:b + 1].contiguous(), kp[b:b + 1].contiguous(), vp[b:b + 1].contiguous(),
+                                      _lens([L[b]]), causal)
+                    ok &= torch.equal(ot[0], out[b]) and torch.equal(lt[0], lse[b])
+                    ok &= torch.equal(op[0], out[b]) and torch.equal(lp[0], lse[b])
+                check(f"attn {tag} row alone (tight and padded cache) == row in ragged batch", ok)
+                # (2b) other heads' and rows' queries changed: this row's bits unchanged
+                qx = q.clone(); qx[0] = rnd(H, Q, D, dt=dt); qx[1, 1:] = rnd(H - 1, Q, D, dt=dt)
+                ox, lx = attn_fwd(qx, k, v, lens, causal)
+                check(f"attn {tag} other rows/heads changed: row (b=1, h=0) and b=2 bitwise unchanged",
+                      torch.equal(ox[1, 0], out[1, 0]) and torch.equal(ox[2], out[2]) and torch.equal(lx[2], lse[2]))
+                # (3) chunked prefill: queries [0, Q1) then [Q1, Q) over the same cache (causal: kv_lens grows with
+                # the chunk; full: the same kv_lens, rows with pos >= 0 in both calls)
+                ok = True
+                for Q1 in (20, 1, 36):
+                    Q2 = Q - Q1
+                    l1 = _lens([max(0, x - Q2) for x in L]) if causal else lens
+                    oa, la = attn_fwd(q[:, :, :Q1].contiguous(), kp, vp, l1, causal)
+                    ob, lb = attn_fwd(q[:, :, Q1:].contiguous(), kp, vp, lens, causal)
+                    if causal:
+                        ok &= torch.equal(torch.cat([oa, ob], 2), out) and torch.equal(torch.cat([la, lb], 2), lse)
+                    else:
+                        for b in range(B):
+                            for i in range(Q):
+                                if pos[b, i] < 0:
+                                    continue
+                                if i < Q1:
+                                    if L[b] - Q1 + i >= 0:
+                                        ok &= torch.equal(oa[b, :, i], out[b, :, i])
+                                elif L[b] - Q2 + (i - Q1) >= 0:
+                                    ok &= torch.equal(ob[b, :, i - Q1], out[b, :, i])
+                check(f"attn {tag} chunked prefill (Q1 + Q2 = 37 for Q1 in 20, 1, 36) == one call", ok)
+                # long: 1200 group rows, 6 key blocks (ring phases wrap), decode == prefill on sampled positions
+                B2, Q2_, KV2 = 2, 300, 700
+                L2 = [700, 333]
+                q = rnd(B2, 8, Q2_, D, dt=dt); k = rnd(B2, 2, KV2, D, dt=dt); v = rnd(B2, 2, KV2, D, dt=dt)
+                for b in range(B2):
+                    k[b, :, L2[b]:] = float("nan"); v[b, :, L2[b]:] = float("nan")
+                lens = _lens(L2)
+                out, lse = attn_fwd(q, k, v, lens, causal)
+                ok = not torch.isnan(out).any().item()
+                for s_ in (0, 1, 127, 128, 200, 299):
+                    ls = _lens([max(0, x - Q2_ + s_ + 1) for x in L2]) if causal else lens
+                    od, ld = attn_fwd(q[:, :, s_:s_ + 1].contiguous(), k, v, ls, causal)
+                    for b in range(B2):
+                        if not causal and L2[b] - Q2_ + s_ < 0:
+                            continue
+                        ok &= torch.equal(od[b, :, 0], out[b, :, s_]) and torch.equal(ld[b, :, 0], lse[b, :, s_])
+                check(f"attn {tag} long (Q=300, KV=700, NaN past kv_len): decode == prefill, written", ok)
+    # scale other than 1/sqrt(Dh), and a negative one (the kernel takes max over the scaled scores)
+    q = rnd(2, 4, 9, 64); k = rnd(2, 2, 70, 64); v = rnd(2, 2, 70, 64); lens = _lens([70, 33])
+    for sc in (0.3, -0.125):
+        out, lse = attn_fwd(q, k, v, lens, True, scale=sc)
+        ro, rl = ref_attn(q, k, v, lens, True, scale=sc)
+        e = rel(out, ro)
+        check(f"attn bf16 d64 causal scale={sc}", e < 1e-2, f"rel={e:.2e}")
+
+
+def sdpa_fn(q, k, v, causal, backend):
+    """torch SDPA on one backend; GQA through enable_gqa, else K/V expanded once outside the timed call."""
+    from torch.nn.attention import sdpa_kernel, SDPBackend
+    bk = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    G = q.shape[1] // k.shape[1]
+    F = torch.nn.functional.scaled_dot_product_attention
+
+    def gqa():
+        with sdpa_kernel([bk]):
+            return F(q, k, v, is_causal=causal, enable_gqa=True)
+
+    try:
+        gqa(); torch.cuda.synchronize()
+        return gqa
+    except Exception:  # backend without GQA: expanded K/V
+        ke, ve = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+
+        def expanded():
+            with sdpa_kernel([bk]):
+                return F(q, ke, ve, is_causal=causal)
+        try:
+            expanded(); torch.cuda.synchronize()
+            return expanded
+        except Exception as e:
+            print(f"  SDPA {backend}: unavailable ({type(e).__name__}: {str(e)[:120]})", flush=True)
+            return None
+
+
+def attn_perf():
+    """Forward timings beside torch SDPA (flash, cuDNN) in the same process; medians of CUDA-event samples."""
+    dt = torch.bfloat16
+    rows = []
+    _watchdog("attnperf", limit_s=300)
+    # (label, B, H, KH, Q, KV, D, causal): prefill Q = KV (causal), decode Q = 1 over KV keys (sees all of them)
+    shapes = [("prefill", 8, 32, 8, 2048, 2048, 128, True), ("prefill", 8, 32, 8, 4096, 4096, 128, True),
+              ("prefill", 4, 32, 8, 4096, 4096, 64, True), ("decode", 64, 32, 8, 1, 4096, 128, True)]
+    for (label, B, H, KH, Q, KV, D, causal) in shapes:
+        torch.manual_seed(5)
+        q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
+        out = torch.empty_like(q); lse = torch.empty((B, H, Q), device="cuda")
+        ours = runner(record(lambda: attn_fwd(q, k, v, None, causal, out=out, lse=lse)))
+        ours(); torch.cuda.synchronize()
+        # SDPA's is_causal is top-left aligned when Q != KV: decode uses no mask (the last query sees every key)
+        sd_causal = causal and Q == KV
+        ref = None
+        t_ours = bench(ours)
+        res = {"ours": t_ours}
+        for backend in ("flash", "cudnn"):
+            fn = sdpa_fn(q, k, v, sd_causal, backend)
+            if fn is None:
+                continue
+            if ref is None:
+                ref = fn()
+            res[backend] = bench(fn)
+        err = rel(out, ref) if ref is not None else float("nan")
+        check(f"attnperf {label} B={B} Q={Q} KV={KV} Dh={D}: output vs SDPA", ref is None or err < 1e-2,
+              f"rel={err:.1e}")
+        if label == "prefill":
+            fl = 4 * B * H * Q * KV * D * (0.5 if causal else 1.0)
+        else:
+            fl = 4 * B * H * Q * KV * D
+        byts = 2 * B * KH * KV * D * 2 + 2 * B * H * Q * D * 2
+        rows.append((label, f"B={B} H={H}/{KH} Q={Q} KV={KV} Dh={D}{' causal' if causal else ''}", res, fl, byts, err))
+        print(f"  {label} B={B} Q={Q} KV={KV} Dh={D}: ours {t_ours:.4f} ms, " +
+              ", ".join(f"{k_} {t:.4f} ms" for k_, t in res.items() if k_ != "ours") + f", rel vs SDPA {err:.1e}",
+              flush=True)
+    print("\n| case | shape | ours ms | TFLOP/s | GB/s | SDPA flash ms | SDPA cuDNN ms | ours/flash | ours/cuDNN | rel vs SDPA |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (label, shape, res, fl, byts, err) in rows:
+        t = res["ours"]
+        f_ = res.get("flash"); c_ = res.get("cudnn")
+        fmt = lambda x: f"{x:.4f}" if x else "-"
+        ratio = lambda x: f"{t / x:.2f}" if x else "-"
+        print(f"| {label} | {shape} | {t:.4f} | {fl / t / 1e9:.0f} | {byts / t / 1e6:.0f} | {fmt(f_)} | {fmt(c_)} | "
+              f"{ratio(f_)} | {ratio(c_)} | {err:.1e} |", flush=True)
+
+
 # --------------------------------------------------------------------------------------------- perf
 def bench(fn, iters=15, reps=None):
     """Median over `iters` samples of (events around `reps` back-to-back calls) / reps, after warm-up."""
@@ -607,6 +903,11 @@ def sanitize():
         tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32); tg[0] = -100; tg[1] = V + 3
         lp, lse = logp_fwd(H, W, tg, b, -100)
         logp_bwd(H, W, tg, lse, torch.randn(N, device="cuda"), torch.randn(N, device="cuda"), b, -100, tchunk=128, vchunk=512)
+        for D in (64, 128):
+            q = rnd(2, 8, 37, D, dt=dt); k = rnd(2, 2, 150, D, dt=dt); v = rnd(2, 2, 150, D, dt=dt)
+            for causal in (True, False):
+                attn_fwd(q, k, v, _lens([150, 20]), causal)
+                attn_fwd(q[:, :, :1].contiguous(), k, v, _lens([149, 0]), causal)
     torch.cuda.synchronize()
     print("[PASS] sanitize workload ran", flush=True)
 
@@ -627,6 +928,10 @@ if __name__ == "__main__":
         ksweep()
     if "perfbwd" in ONLY:
         perf_bwd_split()
+    if "attn" in ONLY:
+        test_attn()
+    if "attnperf" in ONLY:
+        attn_perf()
     torch.cuda.synchronize()
     nf = sum(1 for _, ok in RESULTS if not ok)
     print(f"SUMMARY: {len(RESULTS) - nf} PASS, {nf} FAIL", flush=True)

@@ -185,6 +185,10 @@ impl<B: InvariantBackend, C: CheckpointStrategy> InvariantBackend for Autodiff<B
         B::invariant_device_failure(device)
     }
 
+    fn invariant_kernel_choices(device: &Self::Device, dtype: DType) -> String {
+        B::invariant_kernel_choices(device, dtype)
+    }
+
     fn invariant_collective_linear_logp<E, G>(
         inputs: LinearLogpInputs<Self>,
         engine: &E,

@@ -277,7 +277,7 @@ fn with_sm90<R: CubeRuntime>(
             "needs a CUDA device and the `cuda` feature of burn-invariant",
         )
     };
-    if sm90.availability.is_ok() {
+    if sm90.availability.is_ok() || sm90.required {
         vec![sm90, cubecl]
     } else {
         vec![cubecl, sm90]
@@ -323,6 +323,24 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
 
     fn invariant_device_failure(device: &Self::Device) -> Option<InvariantError> {
         device_failure::<R>(device)
+    }
+
+    fn invariant_kernel_choices(device: &Self::Device, dtype: DType) -> String {
+        let client = R::client(device);
+        #[cfg(feature = "cuda")]
+        let arch = match sm90::device_capability::<R>(device) {
+            Some(cc) => format!(" sm_{cc}"),
+            None => String::new(),
+        };
+        #[cfg(not(feature = "cuda"))]
+        let arch = String::new();
+        let choices = match burn_invariant_cubecl::FloatDType::from_storage("dtype", dtype.into()) {
+            Ok(dt) if util::runtime_supports(&client, dtype.into()) => {
+                burn_invariant_cubecl::kernel_choices(&client, dt)
+            }
+            _ => format!("{dtype:?} not supported"),
+        };
+        format!("{}{arch}; {choices}", R::name(&client))
     }
 
     fn invariant_tp_leaf_targets(

@@ -25,4 +25,8 @@ impl<B: FusionBackend + InvariantBackend> InvariantBackend for Fusion<B> {
     fn invariant_device_failure(device: &Self::Device) -> Option<InvariantError> {
         B::invariant_device_failure(device)
     }
+
+    fn invariant_kernel_choices(device: &Self::Device, dtype: DType) -> String {
+        B::invariant_kernel_choices(device, dtype)
+    }
 }

@@ -2,6 +2,10 @@
 //! projections, rotary position embeddings and an explicit KV cache, whose every step is
 //! batch-invariant: a token's output is the same whether the sequence is decoded one token at a
 //! time over the cache, prefilled in one call or in chunks, alone or in a ragged batch.
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
@@ -55,14 +59,30 @@ pub struct InvariantAttention<B: InvariantBackend> {
     pub head_dim: usize,
 }
 
-/// Host rotary tables: row `p` holds `cos`/`sin` of `p · θ^(−2i / head_dim)`.
-#[derive(Debug, Clone)]
+/// Rotary tables: row `p` holds `cos`/`sin` of `p · θ^(−2i / head_dim)`, computed on the host in
+/// f64 and rounded once to f32 (so every backend holds the same bits), uploaded to a device once
+/// at its first use there and gathered by position on the device at every call.
+#[derive(Clone)]
 pub struct RopeTables {
     cos: Vec<f32>,
     sin: Vec<f32>,
     half: usize,
     max_seq_len: usize,
+    /// Per backend type and device: `(device, cos, sin)` as `[max_seq_len, half]` f32 tensors.
+    uploaded: Arc<Mutex<Vec<Box<dyn Any + Send>>>>,
 }
+
+impl fmt::Debug for RopeTables {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RopeTables")
+            .field("half", &self.half)
+            .field("max_seq_len", &self.max_seq_len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One device's copy of the tables.
+type Uploaded<B> = (burn::tensor::Device<B>, Tensor<B, 2>, Tensor<B, 2>);
 
 impl RopeTables {
     fn new(head_dim: usize, max_seq_len: usize, theta: f64) -> Self {
@@ -81,25 +101,42 @@ impl RopeTables {
             sin,
             half,
             max_seq_len,
+            uploaded: Arc::default(),
         }
     }
 
-    /// `(cos, sin)` at `positions` (each clamped into the table), `[rows, head_dim / 2]` f32.
+    /// The tables on `device`, uploaded at the first call there.
+    fn on<B: Backend>(&self, device: &B::Device) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let mut uploaded = self.uploaded.lock().unwrap_or_else(|e| e.into_inner());
+        let found = uploaded.iter().find_map(|entry| {
+            entry
+                .downcast_ref::<Uploaded<B>>()
+                .filter(|(d, _, _)| d == device)
+                .map(|(_, cos, sin)| (cos.clone(), sin.clone()))
+        });
+        found.unwrap_or_else(|| {
+            let table = |values: &[f32]| {
+                Tensor::<B, 2>::from_data(
+                    TensorData::new(values.to_vec(), [self.max_seq_len, self.half]),
+                    (device, DType::F32),
+                )
+            };
+            let (cos, sin) = (table(&self.cos), table(&self.sin));
+            uploaded.push(Box::new((device.clone(), cos.clone(), sin.clone())));
+            (cos, sin)
+        })
+    }
+
+    /// `(cos, sin)` at `positions` (each clamped into the table), `[rows, head_dim / 2]` f32:
+    /// the rows of the device tables, gathered on the device (only the positions are uploaded).
     fn at<B: Backend>(&self, positions: &[usize], device: &B::Device) -> [Tensor<B, 2>; 2] {
-        let gather = |table: &[f32]| {
-            let data: Vec<f32> = positions
-                .iter()
-                .flat_map(|&p| {
-                    let p = p.min(self.max_seq_len.saturating_sub(1));
-                    table[p * self.half..(p + 1) * self.half].iter().copied()
-                })
-                .collect();
-            Tensor::from_data(
-                TensorData::new(data, [positions.len(), self.half]),
-                (device, DType::F32),
-            )
-        };
-        [gather(&self.cos), gather(&self.sin)]
+        let (cos, sin) = self.on::<B>(device);
+        let rows: Vec<i64> = positions
+            .iter()
+            .map(|&p| p.min(self.max_seq_len.saturating_sub(1)) as i64)
+            .collect();
+        let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [positions.len()]), device);
+        [cos.select(0, rows.clone()), sin.select(0, rows)]
     }
 }
 

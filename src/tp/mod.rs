@@ -4,12 +4,22 @@
 //! the global `targets` and a [`Collective`] handle; every rank returns the same `logp` and
 //! `lse` for all N rows.
 //!
-//! ```ignore
+//! ```
+//! # use burn::tensor::{Distribution, Int, Tensor};
+//! # use burn_invariant::{LinearLogpOptions, tp::{self, InProcessGroup, VocabShard}};
+//! # type B = burn::backend::NdArray<f32>;
+//! # let device = Default::default();
+//! # let (world, r, v_global, options) = (1, 0, 40, LinearLogpOptions::default());
+//! # let hidden = Tensor::<B, 2>::random([3, 16], Distribution::Uniform(-1.0, 1.0), &device);
+//! # let weight_shard = Tensor::<B, 2>::random([40, 16], Distribution::Uniform(-1.0, 1.0), &device);
+//! # let targets = Tensor::<B, 1, Int>::from_ints([0, 7, 39], &device);
+//! # let bias_shard = None;
 //! let groups = InProcessGroup::new(world);           // or an NCCL group, one per GPU
 //! // on rank r, in its own thread:
 //! let shard = VocabShard::split(r, world, v_global);
 //! let (logp, lse) = tp::linear_logp_with_lse(hidden, weight_shard, targets, bias_shard,
 //!                                           &shard, &groups[r], &options)?;
+//! # Ok::<(), burn_invariant::InvariantError>(())
 //! ```
 //!
 //! # Algorithm and the TP-size invariance rule

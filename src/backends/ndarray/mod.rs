@@ -82,4 +82,9 @@ where
             }
         }
     }
+
+    fn invariant_kernel_choices(_device: &Self::Device, _dtype: DType) -> String {
+        // The oracle's arithmetic is plain Rust, the same on every CPU.
+        "ndarray".into()
+    }
 }

@@ -29,6 +29,13 @@ use logp::LogpArgs;
 /// Largest dimension the kernels index (32-bit, with room for a tile past the end).
 const DIM_LIMIT: usize = (1 << 31) - 257;
 
+/// Compute capability of `device` (major * 10 + minor) where it is a CUDA device.
+pub(crate) fn device_capability<R: CubeRuntime>(device: &R::Device) -> Option<u32> {
+    (device as &dyn std::any::Any)
+        .downcast_ref::<CudaDevice>()
+        .and_then(compute_capability)
+}
+
 /// Compute capability of a CUDA device (major * 10 + minor), cached.
 fn compute_capability(device: &CudaDevice) -> Option<u32> {
     static CACHE: OnceLock<Mutex<HashMap<usize, Option<u32>>>> = OnceLock::new();
@@ -68,7 +75,8 @@ pub(crate) fn candidate<R: CubeRuntime>(device: &R::Device, dtype: DType) -> Can
     match (compute_capability(device), dtype) {
         (Some(90), DType::BF16 | DType::F16) => match nvrtc::toolchain() {
             Ok(()) => Candidate::available(Implementation::Sm90),
-            Err(reason) => Candidate::unavailable(Implementation::Sm90, reason),
+            // Hopper's kernels for these dtypes: never silently the portable ones instead.
+            Err(reason) => Candidate::missing_on_host(Implementation::Sm90, reason),
         },
         (Some(90), other) => Candidate::unavailable(
             Implementation::Sm90,

@@ -15,6 +15,7 @@ const COMMON: &str = include_str!("../../../kernels/common.cuh");
 const GEMM_UNIT: &str = include_str!("../../../kernels/gemm_sm90.cu");
 const LOGP_UNIT: &str = include_str!("../../../kernels/linear_logp_sm90.cu");
 const STREAM_SYNC_UNIT: &str = include_str!("../../../kernels/stream_sync.cu");
+const ATTN_UNIT: &str = include_str!("../../../kernels/attention_sm90.cu");
 
 /// The source NVRTC compiles for `entry` of `unit`.
 fn source(unit: Unit, entry: &str) -> String {
@@ -24,6 +25,7 @@ fn source(unit: Unit, entry: &str) -> String {
         Unit::Gemm => selected(GEMM_UNIT),
         Unit::Logp => selected(LOGP_UNIT),
         Unit::StreamSync => STREAM_SYNC_UNIT.to_string(),
+        Unit::Attn => selected(ATTN_UNIT),
     }
 }
 

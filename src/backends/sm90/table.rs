@@ -15,6 +15,8 @@ pub(crate) enum Unit {
     Logp,
     /// `kernels/stream_sync.cu`: plain CUDA for any architecture, compiled without `common.cuh`.
     StreamSync,
+    /// `kernels/attention_sm90.cu`.
+    Attn,
 }
 
 /// One `entry` line: an entry point of `kernels/` with its launch shape.
@@ -92,6 +94,8 @@ const fn parse_entry(line: &'static [u8]) -> Entry {
         Unit::Logp
     } else if same(file, b"stream_sync.cu") {
         Unit::StreamSync
+    } else if same(file, b"attention_sm90.cu") {
+        Unit::Attn
     } else {
         panic!("an entry of kernels/entries.txt names an unknown source file")
     };

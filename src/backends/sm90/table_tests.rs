@@ -15,13 +15,15 @@ fn source(unit: Unit) -> &'static str {
         Unit::Gemm => include_str!("../../../kernels/gemm_sm90.cu"),
         Unit::Logp => include_str!("../../../kernels/linear_logp_sm90.cu"),
         Unit::StreamSync => include_str!("../../../kernels/stream_sync.cu"),
+        Unit::Attn => include_str!("../../../kernels/attention_sm90.cu"),
     }
 }
 
-const UNITS: [(Unit, &str); 3] = [
+const UNITS: [(Unit, &str); 4] = [
     (Unit::Gemm, "gemm_sm90.cu"),
     (Unit::Logp, "linear_logp_sm90.cu"),
     (Unit::StreamSync, "stream_sync.cu"),
+    (Unit::Attn, "attention_sm90.cu"),
 ];
 
 /// An `extern "C" __global__` of a source, macros expanded.
@@ -266,6 +268,21 @@ fn gmma(kernel: &Kernel, src: &str) -> Option<([u64; 6], u64)> {
     Some((config, extra))
 }
 
+/// The `ib::AttnCfg<T, D, BN, ST>` arguments of an attention kernel (its own shared-memory layout,
+/// not `ib::Gmma`'s) and the dynamic shared memory of its `SMEM_BYTES == <n>` static_assert (which
+/// NVRTC checks against the layout).
+fn attn(kernel: &Kernel) -> Option<(Vec<String>, u64)> {
+    let text = &kernel.text;
+    let config = args(group(&text[text.find("AttnCfg<")? + 7..]).0);
+    let (_, rest) = text.split_once("SMEM_BYTES == ")?;
+    let smem = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    Some((config, smem))
+}
+
 /// The table's line of `name`.
 fn table_entry(name: &str) -> (Entry, &'static [u8]) {
     let entries = table::entries();
@@ -281,6 +298,21 @@ fn check_shape(kernel: &Kernel, (entry, line): (Entry, &[u8]), src: &str) {
         .iter()
         .any(|t| t.contains("extern __shared__"));
     let [rows, cols] = entry.tile;
+    if let Some((config, smem)) = attn(kernel) {
+        // tile: query rows (ATTN_Q_TILE) x Dh; stages: the K/V ring
+        assert_eq!(rows, table::constant("ATTN_Q_TILE"), "{name}: tile rows");
+        assert_eq!(cols as u64, eval(&config[1]), "{name}: tile columns vs Dh");
+        assert_eq!(stages, eval(&config[3]), "{name}: stages vs the K/V ring");
+        assert_eq!(
+            entry.smem as u64, smem,
+            "{name}: dynamic shared memory vs its static_assert"
+        );
+        assert!(
+            shared,
+            "{name}: an attention kernel without extern __shared__"
+        );
+        return;
+    }
     match gmma(kernel, src) {
         Some(([bn, nc, st, _, _, cl], extra)) => {
             let bm = 64 * nc;

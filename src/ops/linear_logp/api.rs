@@ -128,10 +128,18 @@ pub fn linear_logp_with_lse<B: InvariantBackend>(
 /// and bias) and batch-invariant per row; `logp` and `lse` are those of [`linear_logp_with_lse`]
 /// with the same options, bitwise except through Vulkan/SPIR-V (docs/CONTRACT.md).
 ///
-/// ```ignore
+/// ```
+/// # use burn::tensor::{Distribution, Int, Tensor};
+/// # use burn_invariant::LinearLogpOptions;
+/// # type B = burn::backend::NdArray<f32>;
+/// # let device = Default::default();
+/// # let hidden = Tensor::<B, 2>::random([3, 16], Distribution::Uniform(-1.0, 1.0), &device);
+/// # let weight = Tensor::<B, 2>::random([40, 16], Distribution::Uniform(-1.0, 1.0), &device);
+/// # let targets = Tensor::<B, 1, Int>::from_ints([0, 7, 39], &device);
 /// let opts = LinearLogpOptions::default().with_temperature(0.7).with_entropy(true);
 /// let out = burn_invariant::linear_logp_full(hidden, weight, targets, None, &opts)?;
 /// let entropy = out.entropy.expect("requested");
+/// # Ok::<(), burn_invariant::InvariantError>(())
 /// ```
 pub fn linear_logp_full<B: InvariantBackend>(
     hidden: Tensor<B, 2>,

@@ -1,0 +1,467 @@
+// attention_sm90.cu: batch-invariant attention forward for Hopper (FA3-style: TMA producer warp, 2-stage K/V
+// ring with mbarriers, two consumer warpgroups doing wgmma + online softmax). Compile as common.cuh ++ this file.
+// ABI and numerics: README.md, "Attention (attention_sm90.cu)". Contract: docs/CONTRACT.md, "attention semantics".
+//
+// Invariance: a CTA's tile is 128 rows of ONE (batch row b, KV head) group: the group's query heads x their Q
+// queries packed head-major (tile row r <-> group row r0 + r <-> head kvh*G + (r0+r)/Q, query (r0+r)%Q). Keys are
+// walked in blocks of ATTN_KEY_BLOCK_D<Dh> keys at fixed positions from key 0 ascending. Every row executes the
+// same instruction sequence with its own data: S = Q.K^T by wgmma (each element's Dh reduction fixed by the
+// instruction sequence, independent of the other rows), s = S * (scale * log2 e), s = -inf (a select) for the keys
+// the row does not see, m' = max(m, rowmax), alpha = m == m' ? 1 : 2^(m - m'), p = 2^(s - m'), the thread's
+// partial l = fma(l, alpha, fixed sum of its 32 p), O = O * alpha + bf16/f16(p) . V (wgmma, P from registers).
+// A block wholly invisible to a row is a bitwise no-op for it (alpha = 1, p = +0, V rows past kv_len zeroed), so
+// a tile may walk further than one of its rows needs. End: l = (l0 + l1) + (l2 + l3) over the quad, out = O / l
+// (IEEE), lse = m * ln 2 + ln(l).
+
+#define ATTN_CAUSAL 1u         // AttnParams.flags: causal mask (query i of row b sees keys 0..=kv_lens[b]-Q+i)
+#define ATTN_Q_TILE 128        // query rows per CTA (2 consumer warpgroups x 64)
+#define ATTN_KEY_BLOCK_D64 128   // keys per block for Dh = 64 (part of the numerics: block boundaries)
+#define ATTN_KEY_BLOCK_D128 128  // keys per block for Dh = 128
+
+// Maps (kernel parameters): tmQ = query as [B*H*Q, Dh], tmK = key and tmV = value as [B*KH*KV, Dh], all dense
+// row-major with boxes of 64 x 64 (README "Tensor maps").
+struct AttnParams {
+  u32 B, H, KH, Q;  // offset  0,  4,  8, 12: batch, query heads, KV heads (H % KH == 0), queries per row
+  u32 KV;           // offset 16: keys per row of key/value (kv_lens[b] <= KV)
+  u32 flags;        // offset 20: ATTN_CAUSAL
+  float scale;      // offset 24: score scale (f32)
+  u32 pad;          // offset 28: zero
+};                  // sizeof 32
+static_assert(sizeof(AttnParams) == 32, "AttnParams ABI: to be mirrored by src/backends/sm90/params.rs");
+
+namespace ib {
+
+// Generic-proxy writes to shared memory -> visible to the async proxy (wgmma operand reads, TMA).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+template <int NR>
+__device__ __forceinline__ void fence_regs_u32(u32* r) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// wgmma wrappers for this file: SS m64n128k16 (S = Q.K^T, both K-major, runtime scale-d: 0 on the first k16 step)
+// and RS m64nNk16 (O += P.V, P from registers, V MN-major: trans-b = 1). The operand lists are generated (the
+// style of tools/gen_wgmma.py):
+//   def ops(n): r = n // 2; return ", ".join(f"%{i}" for i in range(r)), ", ".join(f'"+f"(d[{i}])' for i in range(r))
+//   SS: "{regs}, %{r}, %{r+1}, p, 1, 1, 0, 0;" with inputs "l"(da), "l"(db), "r"(scale_d) (p = %{r+2} != 0)
+//   RS: "{regs}, {%{r}, %{r+1}, %{r+2}, %{r+3}}, %{r+4}, p, 1, 1, 1;" with inputs "r"(a[0..3]), "l"(db), "r"(1)
+// ---- generated: do not edit by hand ----
+__device__ __forceinline__ void wgmma_ss_m64n128k16_bf16(float* d, u64 da, u64 db, u32 scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_ss_m64n128k16_f16(float* d, u64 da, u64 db, u32 scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n64k16_bf16(float* d, const u32* a, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n64k16_f16(float* d, const u32* a, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n128k16_bf16(float* d, const u32* a, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n128k16_f16(float* d, const u32* a, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// ---- end generated ----
+
+template <class T, int N>
+struct AttnMma;
+template <>
+struct AttnMma<__nv_bfloat16, 64> {
+  static __device__ __forceinline__ void rs(float* d, const u32* a, u64 b) { wgmma_rs_m64n64k16_bf16(d, a, b); }
+};
+template <>
+struct AttnMma<__nv_bfloat16, 128> {
+  static __device__ __forceinline__ void ss(float* d, u64 a, u64 b, u32 sd) { wgmma_ss_m64n128k16_bf16(d, a, b, sd); }
+  static __device__ __forceinline__ void rs(float* d, const u32* a, u64 b) { wgmma_rs_m64n128k16_bf16(d, a, b); }
+};
+template <>
+struct AttnMma<__half, 64> {
+  static __device__ __forceinline__ void rs(float* d, const u32* a, u64 b) { wgmma_rs_m64n64k16_f16(d, a, b); }
+};
+template <>
+struct AttnMma<__half, 128> {
+  static __device__ __forceinline__ void ss(float* d, u64 a, u64 b, u32 sd) { wgmma_ss_m64n128k16_f16(d, a, b, sd); }
+  static __device__ __forceinline__ void rs(float* d, const u32* a, u64 b) { wgmma_rs_m64n128k16_f16(d, a, b); }
+};
+
+// Launch shape and shared-memory layout of one entry point. Block = 384 threads: warpgroup 0 = producer (warp 0
+// issues every TMA and zeroes the V rows past kv_len), warpgroups 1, 2 = consumers (64 query rows each).
+// Shared memory (1024-aligned base): Q tile [BM x D] | K ring ST x [BN x D] | V ring ST x [BN x D] | mbarriers.
+// Every tile is made of 8 KiB TMA boxes (64 rows x 64 columns, 128 B swizzle):
+//   Q box (row block c, column chunk dc) at Q + (dc * 2 + c) * 8192        (A of S = Q.K^T, K-major)
+//   K box (key block kb, column chunk dc) at K + (dc * KC + kb) * 8192    (B of S, K-major: a chunk's BN keys
+//                                                                          contiguous, 8-row groups 1024 B apart)
+//   V box (key block kb, column chunk dc) at V + (kb * DC + dc) * 8192    (B of O += P.V, MN-major: the DC
+//                                                                          column chunks of 64 keys 8192 B apart)
+template <class T, int D_, int BN_, int ST_>
+struct AttnCfg {
+  static constexpr int D = D_, BN = BN_, ST = ST_, BM = ATTN_Q_TILE, NTHREADS = 384;
+  static constexpr int DC = D / 64, KC = BN / 64;
+  static constexpr int Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * D * 2;
+  // barriers: q, z, then full_k, full_v, empty_k, empty_v per stage (at most 128 bytes)
+  static constexpr int SMEM_BYTES = 1024 + Q_BYTES + ST * (K_BYTES + V_BYTES) + 128;
+  static_assert(D % 64 == 0 && BN % 64 == 0 && (2 + 4 * ST) * 8 <= 128, "AttnCfg");
+  static_assert(BN == 128, "S = Q.K^T uses m64n128k16");
+  static_assert(BM == 128, "two consumer warpgroups of 64 rows");
+};
+
+// S = Q . K_blk^T for this warpgroup's 64 rows: D/16 k16 steps over Dh ascending, one commit group.
+template <class T, class C>
+__device__ __forceinline__ void attn_issue_s(float* s, u32 qa, u32 ka) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < C::D / 16; ++kk) {
+    const u64 da = gmma_desc(qa + (kk >> 2) * 2 * 8192 + (kk & 3) * 32, 16, 1024);
+    const u64 db = gmma_desc(ka + (kk >> 2) * C::KC * 8192 + (kk & 3) * 32, 16, 1024);
+    AttnMma<T, C::BN>::ss(s, da, db, kk > 0 ? 1u : 0u);
+  }
+  wgmma_commit();
+}
+
+// O += P . V_blk: BN/16 k16 steps over the block's keys ascending, P (input dtype) from registers.
+template <class T, class C>
+__device__ __forceinline__ void attn_issue_pv(float* o, const u32 (*pa)[4], u32 va) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk) {
+    const u64 db = gmma_desc(va + (kk >> 2) * C::DC * 8192 + (kk & 3) * 2048, 8192, 1024);
+    AttnMma<T, C::D>::rs(o, pa[kk], db);
+  }
+  wgmma_commit();
+}
+
+// Online softmax over one key block (keys kb0 .. kb0+BN-1) for the thread's two rows (i = 0: row g, i = 1: row
+// g + 8 of its warp's 16). s[4j + 2i + h] holds key kb0 + 8j + 2q + h of row i (wgmma accumulator layout); on
+// return it holds p (f32). lim[i]: the row sees keys < lim[i] (0 for padding rows and rows with pos < 0).
+// The same instructions for every row: only the mask select, alpha's select and the data differ.
+template <class C>
+__device__ __forceinline__ void attn_softmax(float* s, float* m, float* l, float* alpha, const int* lim, int kb0,
+                                             int q, float sl2) {
+  const bool mask = kb0 + C::BN > min(lim[0], lim[1]);  // a no-op select for the keys a row sees
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx[4] = {IB_NEG_INF, IB_NEG_INF, IB_NEG_INF, IB_NEG_INF};
+#pragma unroll
+    for (int j = 0; j < C::BN / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // __fmul_rn / __fsub_rn: never contracted into an fma, whichever path (mask or not) the compiler sees
+        float v = __fmul_rn(s[4 * j + 2 * i + h], sl2);
+        // invisible key: -inf, also replacing NaN/Inf of garbage K past kv_len
+        if (mask) v = (kb0 + 8 * j + 2 * q + h < lim[i]) ? v : IB_NEG_INF;
+        s[4 * j + 2 * i + h] = v;
+        mx[j & 3] = max_nan(mx[j & 3], v);
+      }
+    }
+    float mb = max_nan(max_nan(mx[0], mx[1]), max_nan(mx[2], mx[3]));
+    mb = max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+    mb = max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+    const float mn = max_nan(m[i], mb);
+    const float mu = mn == IB_NEG_INF ? 0.f : mn;  // no visible key yet: p = 2^(-inf) = +0, not NaN
+    alpha[i] = m[i] == mn ? 1.f : ex2(__fsub_rn(m[i], mu));  // exactly 1 when the max does not grow (also -inf = -inf)
+    float ps[4] = {0.f, 0.f, 0.f, 0.f};            // fixed 4-way split of the thread's 32 p
+#pragma unroll
+    for (int j = 0; j < C::BN / 8; ++j) {
+      const float p0 = ex2(__fsub_rn(s[4 * j + 2 * i], mu)), p1 = ex2(__fsub_rn(s[4 * j + 2 * i + 1], mu));
+      s[4 * j + 2 * i] = p0;
+      s[4 * j + 2 * i + 1] = p1;
+      ps[j & 3] = __fadd_rn(ps[j & 3], __fadd_rn(p0, p1));
+    }
+    l[i] = fmaf(l[i], alpha[i], (ps[0] + ps[1]) + (ps[2] + ps[3]));
+    m[i] = mn;
+  }
+}
+
+// p (f32 accumulator layout) -> wgmma A fragments in the input dtype, rounded once (RNE). For k16 step kk the
+// A fragment {a0..a3} = rows (g, g+8) x columns (16kk + 2q, +1, +8, +9) = s[8kk .. 8kk+7] pairwise.
+template <class T, class C>
+__device__ __forceinline__ void attn_to_p(u32 (*pa)[4], const float* s) {
+#pragma unroll
+  for (int kk = 0; kk < C::BN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+template <class T, class C>
+__device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc* tmK, const TmaDesc* tmV,
+                                              const AttnParams& p, const int* __restrict__ kv_lens,
+                                              T* __restrict__ out, float* __restrict__ lse) {
+  constexpr int BM = C::BM, BN = C::BN, D = C::D, ST = C::ST, DC = C::DC, KC = C::KC;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const sq = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
+  unsigned char* const sk = sq + C::Q_BYTES;
+  unsigned char* const sv = sk + ST * C::K_BYTES;
+  u64* const bar_q = (u64*)(sv + ST * C::V_BYTES);
+  u64* const bar_z = bar_q + 1;
+  u64* const full_k = bar_q + 2;
+  u64* const full_v = full_k + ST;
+  u64* const empty_k = full_v + ST;
+  u64* const empty_v = empty_k + ST;
+
+  // ---- the tile (same in every thread): group (b, kvh), rows [r0, r0 + nrow) of its G*Q packed rows
+  const int H = (int)p.H, KH = (int)p.KH, Q = (int)p.Q, KV = (int)p.KV;
+  const int G = H / KH, grows = G * Q, nmt = cdiv(grows, BM);
+  const int bk = (int)blockIdx.x / nmt;                       // b * KH + kvh
+  const int mt = nmt - 1 - ((int)blockIdx.x - bk * nmt);      // later (longer, causal) tiles launch first
+  const int b = bk / KH, kvh = bk - b * KH;
+  const int r0 = mt * BM, nrow = min(BM, grows - r0);
+  const int kvl = min(max(kv_lens[b], 0), KV);
+  const bool causal = p.flags & ATTN_CAUSAL;
+  const int qrow0 = (b * H + kvh * G) * Q + r0;  // tile row 0 in the [B*H*Q, Dh] view (a group's rows are contiguous)
+  const int krow0 = bk * KV;                     // key 0 of (b, kvh) in the [B*KH*KV, Dh] view
+  // keys the tile walks: up to the last key any of its rows sees
+  const int rl = r0 + nrow - 1;
+  const int imax = (r0 / Q != rl / Q) ? Q - 1 : rl % Q;  // largest query index among the tile's rows
+  const int pmax = kvl - Q + imax;
+  const int maxlim = pmax < 0 ? 0 : (causal ? pmax + 1 : kvl);
+  const int nblk = cdiv(maxlim, BN);
+  const int nact = nrow > 64 ? 2 : 1;  // consumer warpgroups with at least one real row
+
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    mbar_init(bar_z, 1);
+    for (int i = 0; i < ST; ++i) {
+      mbar_init(&full_k[i], 1);
+      mbar_init(&full_v[i], 1);
+      mbar_init(&empty_k[i], nact);
+      mbar_init(&empty_v[i], nact);
+    }
+    fence_barrier_init();
+    tma_prefetch_desc(tmQ);
+    tma_prefetch_desc(tmK);
+    tma_prefetch_desc(tmV);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer (warp 0; warps 1-3 leave)
+    reg_dealloc<40>();
+    if (tid >= 32 || nblk == 0) return;
+    const int lane = tid;
+    if (lane == 0) {
+      mbar_expect_tx(bar_q, nact * 64 * D * 2);
+      for (int c = 0; c < nact; ++c)
+#pragma unroll
+        for (int dc = 0; dc < DC; ++dc) tma_load_2d(sq + (dc * 2 + c) * 8192, tmQ, bar_q, dc * 64, qrow0 + 64 * c);
+    }
+    for (int n = 0; n < nblk; ++n) {
+      const int st = n % ST;
+      const u32 ph = (u32)(n / ST) & 1u;
+      const int key0 = krow0 + n * BN;
+      // only the tile's last block can hold keys >= kv_len (nblk * BN < kvl + BN); their V rows are in-bounds
+      // garbage (another head or batch row) or TMA zero-fill: zeroed below so that p = 0 meets finite V
+      const bool edge = (n + 1) * BN > kvl;
+      unsigned char* const kst = sk + st * C::K_BYTES;
+      unsigned char* const vst = sv + st * C::V_BYTES;
+      if (lane == 0) {
+        mbar_wait(&empty_k[st], ph ^ 1u);
+        mbar_expect_tx(&full_k[st], C::K_BYTES);
+#pragma unroll
+        for (int dc = 0; dc < DC; ++dc)
+#pragma unroll
+          for (int kb = 0; kb < KC; ++kb) tma_load_2d(kst + (dc * KC + kb) * 8192, tmK, &full_k[st], dc * 64, key0 + 64 * kb);
+        mbar_wait(&empty_v[st], ph ^ 1u);
+        u64* const vbar = edge ? bar_z : &full_v[st];
+        mbar_expect_tx(vbar, C::V_BYTES);
+#pragma unroll
+        for (int kb = 0; kb < KC; ++kb)
+#pragma unroll
+          for (int dc = 0; dc < DC; ++dc) tma_load_2d(vst + (kb * DC + dc) * 8192, tmV, vbar, dc * 64, key0 + 64 * kb);
+      }
+      __syncwarp();
+      if (edge) {
+        // bar_z completes at most once per CTA (one edge block per tile): parity 0
+        mbar_wait(bar_z, 0);
+        const int z0 = kvl - n * BN;  // first V row of the block to zero (>= 1)
+        const int units = (BN - z0) * DC * 8;  // 16-byte units: a row of a box is 128 B (8 units), swizzle-invariant
+        for (int u = lane; u < units; u += 32) {
+          const int r = z0 + u / (DC * 8), rem = u % (DC * 8);
+          *(uint4*)(vst + ((r >> 6) * DC + (rem >> 3)) * 8192 + (r & 63) * 128 + (rem & 7) * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&full_v[st]);
+      }
+    }
+    return;
+  }
+
+  // ---------------------------------------------------------------- consumers
+  reg_alloc<232>();
+  const int c = wg - 1;
+  if (c >= nact) return;  // all 64 rows are padding (decode, small groups): nothing to compute or release
+  const int w = tid >> 5, ln = tid & 31, g = ln >> 2, q = ln & 3;
+  int lim[2];
+  bool live[2], valid[2];
+  int orow[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rt = 64 * c + 16 * w + g + 8 * i;  // tile row
+    const int qi = (r0 + rt) % Q, pos = kvl - Q + qi;
+    valid[i] = rt < nrow;
+    live[i] = valid[i] && pos >= 0;
+    lim[i] = !live[i] ? 0 : (causal ? pos + 1 : kvl);
+    orow[i] = qrow0 + rt;
+  }
+  const float sl2 = __fmul_rn(p.scale, IB_LOG2E);  // scores in log2 units: s = S * sl2, p = 2^(s - m)
+  float m[2] = {IB_NEG_INF, IB_NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
+  float o[D / 2];
+  float s[BN / 2];
+  u32 pa[BN / 16][4];
+#pragma unroll
+  for (int k = 0; k < D / 2; ++k) o[k] = 0.f;
+
+  if (nblk > 0) {
+    const u32 qa = smem_addr(sq + c * 8192), ka = smem_addr(sk), va = smem_addr(sv);
+    mbar_wait(bar_q, 0);
+    // block 0
+    mbar_wait(&full_k[0], 0);
+    attn_issue_s<T, C>(s, qa, ka);
+    wgmma_wait<0>();
+    fence_regs<BN / 2>(s);
+    if (tid == 0) mbar_arrive(&empty_k[0]);
+    attn_softmax<C>(s, m, l, alpha, lim, 0, q, sl2);  // alpha unused: o = 0
+    attn_to_p<T, C>(pa, s);
+    // block n: S_n issued before O += P_{n-1} V_{n-1}, so the softmax of n overlaps that wgmma
+    for (int n = 1; n < nblk; ++n) {
+      const int st = n % ST, pst = (n - 1) % ST;
+      const u32 ph = (u32)(n / ST) & 1u, pph = (u32)((n - 1) / ST) & 1u;
+      mbar_wait(&full_k[st], ph);
+      attn_issue_s<T, C>(s, qa, ka + st * C::K_BYTES);
+      mbar_wait(&full_v[pst], pph);
+      fence_regs<D / 2>(o);
+      fence_regs_u32<BN / 4>(&pa[0][0]);
+      attn_issue_pv<T, C>(o, pa, va + pst * C::V_BYTES);
+      wgmma_wait<1>();  // S_n done
+      fence_regs<BN / 2>(s);
+      if (tid == 0) mbar_arrive(&empty_k[st]);
+      attn_softmax<C>(s, m, l, alpha, lim, n * BN, q, sl2);
+      wgmma_wait<0>();  // O += P_{n-1} V_{n-1} done
+      fence_regs<D / 2>(o);
+      fence_regs<BN / 2>(s);  // the P registers are rewritten only after this point
+      if (tid == 0) mbar_arrive(&empty_v[pst]);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j] = __fmul_rn(o[4 * j], alpha[0]);
+        o[4 * j + 1] = __fmul_rn(o[4 * j + 1], alpha[0]);
+        o[4 * j + 2] = __fmul_rn(o[4 * j + 2], alpha[1]);
+        o[4 * j + 3] = __fmul_rn(o[4 * j + 3], alpha[1]);
+      }
+      attn_to_p<T, C>(pa, s);
+    }
+    const int last = nblk - 1, lst = last % ST;
+    mbar_wait(&full_v[lst], (u32)(last / ST) & 1u);
+    fence_regs<D / 2>(o);
+    fence_regs_u32<BN / 4>(&pa[0][0]);
+    attn_issue_pv<T, C>(o, pa, va + lst * C::V_BYTES);
+    wgmma_wait<0>();
+    fence_regs<D / 2>(o);
+    if (tid == 0) mbar_arrive(&empty_v[lst]);
+  }
+
+  // ---- epilogue: l over the quad in a fixed tree, out = O / l (IEEE, -0 -> +0), lse = m ln 2 + ln l
+  const bool vec = ((u64)out & 15ull) == 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float L = l[i];
+    L = L + __shfl_xor_sync(0xffffffffu, L, 1);  // (l0 + l1), (l2 + l3) on both lanes of each pair
+    L = L + __shfl_xor_sync(0xffffffffu, L, 2);  // (l0 + l1) + (l2 + l3): commutative, same bits on all 4 lanes
+    float v[D / 4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float x = live[i] ? __fdiv_rn(o[4 * j + 2 * i + h], L) : 0.f;
+        v[2 * j + h] = x == 0.f ? 0.f : x;
+      }
+    T* const orow_p = out + (size_t)orow[i] * D;
+    if (vec) {
+#pragma unroll
+      for (int gq = 0; gq < D / 32; ++gq) {
+        u32 wv[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wv[k] = pack2<T>(v[2 * (4 * gq + k)], v[2 * (4 * gq + k) + 1]);
+        quad_transpose(wv, q);  // lane q now holds columns 8 (4 gq + q) .. +7
+        if (valid[i]) *(uint4*)(orow_p + 8 * (4 * gq + q)) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+      }
+    } else if (valid[i]) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        orow_p[8 * j + 2 * q] = from_f32<T>(v[2 * j]);
+        orow_p[8 * j + 2 * q + 1] = from_f32<T>(v[2 * j + 1]);
+      }
+    }
+    if (q == 0 && valid[i]) lse[orow[i]] = live[i] ? fmaf(m[i], 0.6931471805599453f, logf(L)) : IB_NEG_INF;
+  }
+}
+
+}  // namespace ib
+
+// Entry points: ib_attn_fwd_<T>_d<Dh>. Signature (README "Build model"): the three maps, one pointer per map,
+// the buffers (query, key, value: read through the maps; kv_lens; out; lse), then AttnParams. The static_assert
+// ties the table's dynamic shared memory (the SMEM argument) to the layout above.
+#define IB_ATTN_ENTRY(NAME, T, D, BN, ST, SMEM)                                                           \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
+      NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
+           const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
+           const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
+           T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
+    static_assert(ib::AttnCfg<T, D, BN, ST>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory");    \
+    static_assert(ib::AttnCfg<T, D, BN, ST>::NTHREADS == 384, "entries.txt: threads");                     \
+    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse);               \
+  }
+
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_bf16_d64)
+IB_ATTN_ENTRY(ib_attn_fwd_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_bf16_d128)
+IB_ATTN_ENTRY(ib_attn_fwd_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d64)
+IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d128)
+IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+#endif
