@@ -19,6 +19,9 @@ if [[ $MODE != tests ]]; then
   step tp_bench_deferred 100 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 131072 9 --deferred
   step tp_bench_procs_deferred 100 .gpu/tp_linear_logp --cuda-procs "$GPUS" 4096 2048 131072 9 --deferred
   step tp_bench_262k_deferred 100 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 262144 9 --deferred
+  # The RL head: temperature 0.7 with the entropy (and its gradient).
+  step tp_bench_rl_deferred 100 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 131072 9 --deferred --temperature 0.7 --entropy
+  step tp_bench_rl_262k_deferred 100 .gpu/tp_linear_logp --cuda "$GPUS" 4096 2048 262144 9 --deferred --temperature 0.7 --entropy
 fi
 if [[ $MODE == all ]]; then
   step large_batch 200 .gpu/gpu cuda_large_batch fusion_sm90 --include-ignored --test-threads=1

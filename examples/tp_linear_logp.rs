@@ -12,6 +12,7 @@
 //! cargo run --release --features cuda --example tp_linear_logp -- --cuda 4 4096 2048 131072 5
 //! cargo run --release --features cuda --example tp_linear_logp -- --cuda-procs 4 4096 2048 131072 5
 //! cargo run --release --features cuda --example tp_linear_logp -- --cuda 4 4096 2048 131072 5 --deferred
+//! cargo run --release --example tp_linear_logp -- 4 --temperature 0.7 --entropy
 //! ```
 //! Defaults: world 4, N 64, D 128, V 8192, 1 iteration. CPU mode runs one thread per rank on
 //! the NdArray reference with the in-process group. `--cuda` runs one thread per GPU (bf16,
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 use burn::backend::Autodiff;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 use burn_invariant::tp::{self, Collective, InProcessGroup, VocabShard};
-use burn_invariant::{InvariantBackend, LinearLogpOptions, linear_logp_with_lse};
+use burn_invariant::{InvariantBackend, LinearLogpOptions, LinearLogpOutput, linear_logp_full};
 
 const PAD: i64 = -100;
 
@@ -42,21 +43,25 @@ struct Data {
     weight: Vec<f32>,
     bias: Vec<f32>,
     targets: Vec<i64>,
+    /// The head: ignore index, temperature, entropy.
+    options: LinearLogpOptions,
 }
 
-/// logp, lse, dHidden (rank 0's; every rank has the same), the median time, the median host
+/// logp, lse, entropy (empty when not asked for), dHidden (rank 0's; every rank has the same),
+/// the median time, the median host
 /// time (until the step returned, before the closing device sync), and the time per step of
 /// steps enqueued back to back.
 struct Run {
     logp: Vec<f32>,
     lse: Vec<f32>,
+    entropy: Vec<f32>,
     dhidden: Vec<f32>,
     time: Duration,
     host: Duration,
     pipelined: Duration,
 }
 
-fn data(n: usize, d: usize, v: usize) -> Data {
+fn data(n: usize, d: usize, v: usize, head: Head) -> Data {
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut uniform = move || {
         state ^= state << 13;
@@ -85,6 +90,7 @@ fn data(n: usize, d: usize, v: usize) -> Data {
         weight,
         bias,
         targets,
+        options: head.options(),
     }
 }
 
@@ -170,9 +176,30 @@ fn targets<B: Backend>(data: &Data, device: &B::Device) -> Tensor<B, 1, Int> {
     Tensor::from_data(TensorData::new(data.targets.clone(), [data.n]), device)
 }
 
-/// Upstream gradients: `Σ logp + 0.1·Σ lse` (a z-loss-like term exercises dLse).
-fn loss<B: Backend>(logp: Tensor<B, 1>, lse: Tensor<B, 1>) -> Tensor<B, 1> {
-    logp.sum() + lse.sum() * 0.1
+/// Upstream gradients: `Σ logp + 0.1·Σ lse` (a z-loss-like term exercises dLse), and
+/// `− 0.01·Σ entropy` when the head computes it (an entropy bonus exercises dEntropy).
+fn loss<B: Backend>(out: &LinearLogpOutput<B>) -> Tensor<B, 1> {
+    let loss = out.logp.clone().sum() + out.lse.clone().sum() * 0.1;
+    match &out.entropy {
+        Some(entropy) => loss - entropy.clone().sum() * 0.01,
+        None => loss,
+    }
+}
+
+/// The RL head of a run: temperature and whether the entropy is computed.
+#[derive(Clone, Copy, Debug)]
+struct Head {
+    temperature: f64,
+    entropy: bool,
+}
+
+impl Head {
+    fn options(self) -> LinearLogpOptions {
+        LinearLogpOptions::default()
+            .with_ignore_index(PAD)
+            .with_temperature(self.temperature)
+            .with_entropy(self.entropy)
+    }
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -180,14 +207,14 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times[times.len() / 2]
 }
 
+/// A step's outputs (without autodiff) and `dHidden`.
 type Outputs<P> = (
-    Tensor<<P as Platform>::B, 1>,
-    Tensor<<P as Platform>::B, 1>,
+    LinearLogpOutput<<P as Platform>::B>,
     Tensor<<P as Platform>::B, 2>,
 );
 
 /// One untimed warm-up (kernel compilation, NCCL connections), then `iters` timed calls of
-/// `step` (forward + backward, returning logp, lse, dHidden). Each call starts after a device
+/// `step` (forward + backward, returning the head's outputs and dHidden). Each call starts after a device
 /// sync and `before` (the ranks' barrier) and ends with a device sync. Then `iters` calls
 /// back to back, one device sync at the end: the pipelined time per step.
 fn timed<P: Platform>(
@@ -216,10 +243,11 @@ fn timed<P: Platform>(
     }
     <P::B as Backend>::sync(device).expect("device sync");
     let pipelined = start.elapsed() / iters as u32;
-    let (logp, lse, dhidden) = last.expect("at least one run");
+    let (out, dhidden) = last.expect("at least one run");
     Run {
-        logp: host(logp),
-        lse: host(lse),
+        logp: host(out.logp),
+        lse: host(out.lse),
+        entropy: out.entropy.map(host).unwrap_or_default(),
         dhidden: host(dhidden),
         time: median(times[1..].to_vec()),
         host: median(host_times[1..].to_vec()),
@@ -250,23 +278,22 @@ fn run_rank<P: Platform>(
     );
     let bias = tensor::<AD<P>, 1>(data.bias[rows].to_vec(), [shard.len()], &device, dtype);
     let targets = targets::<AD<P>>(data, &device);
-    let options = LinearLogpOptions::default().with_ignore_index(PAD);
     timed::<P>(&device, iters, before, || {
         let hidden = hidden.clone().require_grad();
-        let (logp, lse) = tp::linear_logp_with_lse(
+        let out = tp::linear_logp_full(
             hidden.clone(),
             weight.clone().require_grad(),
             targets.clone(),
             Some(bias.clone().require_grad()),
             &shard,
             group,
-            &options,
+            &data.options,
         )
-        .expect("tp::linear_logp_with_lse");
+        .expect("tp::linear_logp_full");
         // dWeight/dBias of this shard are computed whether read or not.
-        let grads = loss(logp.clone(), lse.clone()).backward();
+        let grads = loss(&out).backward();
         let dhidden = hidden.grad(&grads).expect("dHidden");
-        (logp.inner(), lse.inner(), dhidden)
+        (inner(out), dhidden)
     })
 }
 
@@ -309,26 +336,36 @@ fn run_single<P: Platform>(platform: &P, data: &Data, iters: usize) -> Run {
     let weight = tensor::<AD<P>, 2>(data.weight.clone(), [data.v, data.d], &device, dtype);
     let bias = tensor::<AD<P>, 1>(data.bias.clone(), [data.v], &device, dtype);
     let targets = targets::<AD<P>>(data, &device);
-    let options = LinearLogpOptions::default().with_ignore_index(PAD);
     timed::<P>(
         &device,
         iters,
         || {},
         || {
             let hidden = hidden.clone().require_grad();
-            let (logp, lse) = linear_logp_with_lse(
+            let out = linear_logp_full(
                 hidden.clone(),
                 weight.clone().require_grad(),
                 targets.clone(),
                 Some(bias.clone().require_grad()),
-                &options,
+                &data.options,
             )
-            .expect("linear_logp_with_lse");
-            let grads = loss(logp.clone(), lse.clone()).backward();
+            .expect("linear_logp_full");
+            let grads = loss(&out).backward();
             let dhidden = hidden.grad(&grads).expect("dHidden");
-            (logp.inner(), lse.inner(), dhidden)
+            (inner(out), dhidden)
         },
     )
+}
+
+/// The outputs without their autodiff graph.
+fn inner<B: burn::tensor::backend::AutodiffBackend>(
+    out: LinearLogpOutput<B>,
+) -> LinearLogpOutput<B::InnerBackend> {
+    LinearLogpOutput {
+        logp: out.logp.inner(),
+        lse: out.lse.inner(),
+        entropy: out.entropy.map(Tensor::inner),
+    }
 }
 
 fn bitwise_equal(a: &[f32], b: &[f32]) -> bool {
@@ -342,14 +379,15 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, iters: usize) -> bool {
+fn run<P: Platform>(platform: P, world: usize, sizes: [usize; 4], head: Head) -> bool {
+    let [n, d, v, iters] = sizes;
     println!(
-        "tp_linear_logp: world {world}, N = {n}, D = {d}, V = {v}, {}; forward+backward, \
-         median of {iters}",
+        "tp_linear_logp: world {world}, N = {n}, D = {d}, V = {v}, {}, {head:?}; \
+         forward+backward, median of {iters}",
         platform.name()
     );
     let platform = Arc::new(platform);
-    let data = Arc::new(data(n, d, v));
+    let data = Arc::new(data(n, d, v, head));
     let single = run_single(&*platform, &data, iters);
     println!(
         "single-rank linear_logp: {:>10.3?}  (host {:.3?}, pipelined {:.3?})",
@@ -364,13 +402,17 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
     };
     let mut ok = true;
     let mut close_to_single = |run: &Run| {
-        let (dl, dz, dh) = (
+        let (dl, dz, de, dh) = (
             max_abs_diff(&run.logp, &single.logp),
             max_abs_diff(&run.lse, &single.lse),
+            max_abs_diff(&run.entropy, &single.entropy),
             max_abs_diff(&run.dhidden, &single.dhidden),
         );
-        println!("  vs single-rank API, max |diff|: logp {dl:.2e}, lse {dz:.2e}, dHidden {dh:.2e}");
-        ok &= dl <= tolerance && dz <= tolerance && dh <= tolerance;
+        println!(
+            "  vs single-rank API, max |diff|: logp {dl:.2e}, lse {dz:.2e}, entropy {de:.2e}, \
+             dHidden {dh:.2e}"
+        );
+        ok &= dl <= tolerance && dz <= tolerance && de <= tolerance && dh <= tolerance;
     };
     let base = run_tp(&platform, &data, 1, iters);
     println!(
@@ -393,9 +435,11 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
         );
         let ms = |t: Duration| t.as_secs_f64() * 1e3;
         println!(
-            "RESULT tp_fwd_bwd world={w} n={n} d={d} v={v} ms={:.3} world1_ms={:.3} ratio={:.3} \
+            "RESULT tp_fwd_bwd world={w} n={n} d={d} v={v} t={} entropy={} ms={:.3} world1_ms={:.3} ratio={:.3} \
              pipelined_ms={:.3} world1_pipelined_ms={:.3} pipelined_ratio={:.3} single_ms={:.3} \
              single_pipelined_ms={:.3}",
+            head.temperature,
+            head.entropy,
             ms(run.time),
             ms(base.time),
             ms(run.time) / ms(base.time),
@@ -409,8 +453,9 @@ fn run<P: Platform>(platform: P, world: usize, n: usize, d: usize, v: usize, ite
         if 8usize.is_multiple_of(w) {
             let same = bitwise_equal(&run.logp, &base.logp)
                 && bitwise_equal(&run.lse, &base.lse)
+                && bitwise_equal(&run.entropy, &base.entropy)
                 && bitwise_equal(&run.dhidden, &base.dhidden);
-            println!("  bitwise equal to tp world 1 (logp, lse, dHidden): {same}");
+            println!("  bitwise equal to tp world 1 (logp, lse, entropy, dHidden): {same}");
             bitwise &= same;
         } else {
             println!("  world {w} does not divide 8: correct, but not bitwise comparable");
@@ -428,11 +473,11 @@ mod procs {
     const ID_VAR: &str = "BURN_INVARIANT_EXAMPLE_NCCL_ID";
 
     /// Spawns `world` ranks of this binary (`--cuda-rank r ...`) and reports the slowest.
-    pub fn parent(world: usize, sizes: [usize; 4], deferred: bool) -> bool {
+    pub fn parent(world: usize, sizes: [usize; 4], deferred: bool, head: Head) -> bool {
         let [n, d, v, iters] = sizes;
         println!(
             "tp_linear_logp: world {world}, N = {n}, D = {d}, V = {v}, one process per GPU \
-             (bf16, NCCL group from an NcclId); forward+backward, median of {iters}"
+             (bf16, NCCL group from an NcclId), {head:?}; forward+backward, median of {iters}"
         );
         let id = NcclId::new().expect("NCCL id");
         let exe = std::env::current_exe().expect("current executable");
@@ -442,6 +487,8 @@ mod procs {
                     .arg("--cuda-rank")
                     .args([rank, world, n, d, v, iters].map(|x| x.to_string()))
                     .args(deferred.then_some("--deferred"))
+                    .args(["--temperature".to_string(), head.temperature.to_string()])
+                    .args(head.entropy.then_some("--entropy"))
                     .env(ID_VAR, id.to_hex())
                     .stdout(std::process::Stdio::piped())
                     .spawn()
@@ -484,7 +531,7 @@ mod procs {
 
     /// Rank `rank`: joins the group, runs the timed TP steps; rank 0 then runs world 1 in
     /// this process and compares the bits.
-    pub fn child(rank: usize, world: usize, sizes: [usize; 4], deferred: bool) -> bool {
+    pub fn child(rank: usize, world: usize, sizes: [usize; 4], deferred: bool, head: Head) -> bool {
         let [n, d, v, iters] = sizes;
         let id = std::env::var(ID_VAR).expect("the parent sets the NCCL id");
         let id = NcclId::from_hex(&id).expect("NCCL id");
@@ -493,7 +540,7 @@ mod procs {
         let group = NcclGroup::new(&device, rank, world, &id)
             .expect("joining the NCCL group")
             .with_deferred_failures(deferred);
-        let data = Arc::new(data(n, d, v));
+        let data = Arc::new(data(n, d, v, head));
         // A host all-gather of one word is the cross-process barrier between iterations.
         let barrier = || {
             Collective::<Autodiff<<Gpu as Platform>::B>>::all_gather_host(&group, &[0])
@@ -513,6 +560,7 @@ mod procs {
         let base = run_tp(&Arc::new(gpu), &data, 1, iters);
         let same = bitwise_equal(&run.logp, &base.logp)
             && bitwise_equal(&run.lse, &base.lse)
+            && bitwise_equal(&run.entropy, &base.entropy)
             && bitwise_equal(&run.dhidden, &base.dhidden);
         let comparable = 8usize.is_multiple_of(world);
         println!(
@@ -543,6 +591,12 @@ struct Args {
     /// Build the NCCL groups `with_deferred_failures(true)`.
     #[arg(long)]
     deferred: bool,
+    /// The head's temperature.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// Compute (and differentiate) the per-row entropy too.
+    #[arg(long)]
+    entropy: bool,
     /// Ranks.
     #[arg(default_value_t = 4)]
     world: usize,
@@ -570,12 +624,16 @@ fn main() {
         args.vocab,
         args.iters as usize,
     );
+    let head = Head {
+        temperature: args.temperature,
+        entropy: args.entropy,
+    };
+    let sizes = [n, d, v, iters];
     #[cfg(feature = "cuda")]
     {
-        let sizes = [n, d, v, iters];
         let done = match (args.cuda_procs, args.cuda_rank) {
-            (_, Some(rank)) => Some(procs::child(rank, world, sizes, args.deferred)),
-            (true, None) => Some(procs::parent(world, sizes, args.deferred)),
+            (_, Some(rank)) => Some(procs::child(rank, world, sizes, args.deferred, head)),
+            (true, None) => Some(procs::parent(world, sizes, args.deferred, head)),
             (false, None) => None,
         };
         if let Some(ok) = done {
@@ -591,10 +649,8 @@ fn main() {
                     deferred: args.deferred,
                 },
                 world,
-                n,
-                d,
-                v,
-                iters,
+                sizes,
+                head,
             )
         }
         #[cfg(not(feature = "cuda"))]
@@ -603,7 +659,7 @@ fn main() {
             std::process::exit(2);
         }
     } else {
-        run(Cpu, world, n, d, v, iters)
+        run(Cpu, world, sizes, head)
     };
     println!("{}", if ok { "OK" } else { "FAILED" });
     if !ok {
