@@ -26,7 +26,7 @@ set -uo pipefail
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref
+MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -132,6 +132,13 @@ if has wholemodel || has wmref; then
   wm_table
 fi
 if has wholemodel || has wmours || has wmref; then cat "$OUT/whole_model.md"; fi
+# `sm90attn`: the raw SM90 attention forward (kernels/attention_sm90.cu, not yet behind the API) through its harness:
+# values, every invariance, then timings beside SDPA. Needs no Rust binary.
+if has sm90attn; then
+  step sm90_attn 240 python3 kernels/tools/sm90_harness.py --only attn
+  step sm90_attnperf 240 python3 kernels/tools/sm90_harness.py --only attnperf
+  grep -h "PASS\|FAIL\|RESULT\|ratio" "$OUT/sm90_attn.log" "$OUT/sm90_attnperf.log" | tail -40
+fi
 if has example; then
   step example 120 .gpu/lm_head; tail -6 "$OUT/example.log"
 fi
