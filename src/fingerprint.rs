@@ -9,6 +9,7 @@ use std::fmt;
 use burn::tensor::DType;
 
 use crate::InvariantBackend;
+use crate::fnv;
 use crate::registry::{Op, implementation_for};
 
 /// See the module docs. `Display` prints a digest line, then one line per entry; compare two
@@ -26,18 +27,12 @@ impl Fingerprint {
 
     /// FNV-1a 64 of the entries, 16 hex digits: the same on every host for the same entries.
     pub fn digest(&self) -> String {
-        let mut hash = 0xcbf2_9ce4_8422_2325u64;
-        for (name, value) in &self.entries {
-            for &b in name
-                .as_bytes()
-                .iter()
-                .chain(&[0])
-                .chain(value.as_bytes())
-                .chain(&[0])
-            {
-                hash = (hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
+        let hash = self.entries.iter().fold(fnv::EMPTY, |hash, (name, value)| {
+            fnv::fnv1a(
+                hash,
+                name.bytes().chain([0]).chain(value.bytes()).chain([0]),
+            )
+        });
         format!("{hash:016x}")
     }
 }

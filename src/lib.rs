@@ -5,6 +5,7 @@ pub mod backend;
 mod backends;
 mod error;
 mod fingerprint;
+mod fnv;
 pub mod nn;
 pub mod ops;
 pub mod registry;

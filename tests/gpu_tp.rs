@@ -451,24 +451,15 @@ fn a_tensor_exchange_without_its_peer_gives_nan_then_an_error() {
         return;
     }
     let timeout = Duration::from_secs(3);
-    let id = NcclId::new().unwrap();
-    let results = on_ranks(2, move |rank| {
-        let device = CudaDevice::new(rank);
-        let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout).expect("join");
-        if rank == 1 {
-            return None; // never exchanges
-        }
-        let block = float::<B, 1>(vec![1.0, 2.0, 3.0], [3], &device, DType::F32);
-        let start = Instant::now();
-        let gathered = Collective::<B>::all_gather(&group, block).expect("enqueued");
-        let values: Vec<f32> = gathered.into_data().to_vec().unwrap();
-        let waited = start.elapsed();
-        // What a `tp` call runs before it returns: the exchange's failure, on this call.
-        let settled = Collective::<B>::settle(&group).err();
-        let next = Collective::<B>::all_gather_host(&group, &[1]);
-        Some((values, waited, settled, next.err()))
-    });
-    let (values, waited, settled, next) = results[0].clone().unwrap();
+    let (values, waited, settled, next) =
+        without_a_peer(timeout, false, |group, gathered, start| {
+            let values: Vec<f32> = gathered.into_data().to_vec().unwrap();
+            let waited = start.elapsed();
+            // What a `tp` call runs before it returns: the exchange's failure, on this call.
+            let settled = Collective::<B>::settle(group).err();
+            let next = Collective::<B>::all_gather_host(group, &[1]);
+            (values, waited, settled, next.err())
+        });
     assert!(
         matches!(settled, Some(InvariantError::Collective { .. })),
         "settle: got {settled:?}"
@@ -530,26 +521,15 @@ fn deferred_failures_are_reported_by_settle_and_the_next_call() {
         return;
     }
     let timeout = Duration::from_secs(3);
-    let id = NcclId::new().unwrap();
-    let results = on_ranks(2, move |rank| {
-        let device = CudaDevice::new(rank);
-        let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout)
-            .expect("join")
-            .with_deferred_failures(true);
-        if rank == 1 {
-            return None; // never exchanges
-        }
-        let block = float::<B, 1>(vec![1.0, 2.0, 3.0], [3], &device, DType::F32);
-        let start = Instant::now();
-        let gathered = Collective::<B>::all_gather(&group, block).expect("enqueued");
-        let ended = Collective::<B>::end_call(&group);
-        let returned = start.elapsed();
-        let values: Vec<f32> = gathered.into_data().to_vec().unwrap();
-        let settled = Collective::<B>::settle(&group).err();
-        let next = Collective::<B>::all_gather_host(&group, &[1]);
-        Some((ended.is_ok(), returned, values, settled, next.err()))
-    });
-    let (ended, returned, values, settled, next) = results[0].clone().unwrap();
+    let (ended, returned, values, settled, next) =
+        without_a_peer(timeout, true, |group, gathered, start| {
+            let ended = Collective::<B>::end_call(group);
+            let returned = start.elapsed();
+            let values: Vec<f32> = gathered.into_data().to_vec().unwrap();
+            let settled = Collective::<B>::settle(group).err();
+            let next = Collective::<B>::all_gather_host(group, &[1]);
+            (ended.is_ok(), returned, values, settled, next.err())
+        });
     assert!(ended, "end_call waits for nothing with deferred failures");
     assert!(returned < timeout, "returned after {returned:?}");
     assert!(values.iter().all(|v| v.is_nan()), "got {values:?}");
@@ -561,4 +541,30 @@ fn deferred_failures_are_reported_by_settle_and_the_next_call() {
         matches!(next, Some(InvariantError::Collective { .. })),
         "got {next:?}"
     );
+}
+
+/// Two ranks join a group (`with_deferred_failures(deferred)`); rank 1 never exchanges, rank 0
+/// enqueues an all-gather of three floats and runs `then(group, gathered, start)` (`start`: just
+/// before the all-gather). Returns rank 0's result.
+fn without_a_peer<T: Clone + Send + 'static>(
+    timeout: Duration,
+    deferred: bool,
+    then: impl Fn(&NcclGroup, burn::tensor::Tensor<B, 1>, Instant) -> T + Send + Sync + 'static,
+) -> T {
+    use burn_invariant::tp::Collective;
+    let id = NcclId::new().unwrap();
+    let results = on_ranks(2, move |rank| {
+        let device = CudaDevice::new(rank);
+        let group = NcclGroup::with_timeout(&device, rank, 2, &id, timeout)
+            .expect("join")
+            .with_deferred_failures(deferred);
+        if rank == 1 {
+            return None; // never exchanges
+        }
+        let block = float::<B, 1>(vec![1.0, 2.0, 3.0], [3], &device, DType::F32);
+        let start = Instant::now();
+        let gathered = Collective::<B>::all_gather(&group, block).expect("enqueued");
+        Some(then(&group, gathered, start))
+    });
+    results[0].clone().expect("rank 0 exchanged")
 }

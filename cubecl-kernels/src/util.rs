@@ -306,3 +306,19 @@ pub(crate) fn launch_chunks<R: Runtime>(
     let cubes = if axis == 0 { mx } else { my } as usize;
     chunks(total, cubes.max(1) * per_cube)
 }
+
+/// Runs `f` with this thread's `flag` set (a test hook's switch), restoring its previous value
+/// when `f` returns or unwinds; other threads are unaffected.
+pub(crate) fn with_thread_flag<T>(
+    flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore(&'static std::thread::LocalKey<std::cell::Cell<bool>>, bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            self.0.with(|on| on.set(self.1));
+        }
+    }
+    let _restore = Restore(flag, flag.with(|on| on.replace(true)));
+    f()
+}

@@ -12,9 +12,12 @@ use burn_cubecl::{
     tensor::CubeTensor,
 };
 use burn_invariant_cubecl::{KernelError, attention, logp, rms_norm, tp as tp_kernels, util};
+use cubecl::device::{Device as _, DeviceId};
 use cubecl::prelude::ComputeClient;
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex};
 
 use super::alloc::empty;
 #[cfg(feature = "cuda")]
@@ -62,54 +65,48 @@ pub(crate) fn index_targets<R: CubeRuntime>(targets: CubeTensor<R>) -> CubeTenso
     CubeBackend::<R, f32, i32, u8>::int_cast(targets, dtype)
 }
 
-/// Devices on which a launch failed (`format!("{device:?}")`, the runtime's message), for good.
-static FAILED_DEVICES: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+/// Devices on which a launch failed, with the runtime's message, for good; `ANY_FAILED` lets
+/// every call skip the lock while none has.
+static FAILED_DEVICES: Mutex<Vec<(DeviceId, String)>> = Mutex::new(Vec::new());
+static ANY_FAILED: AtomicBool = AtomicBool::new(false);
 
 /// [`launch_class`] rows: none, or the first dimension.
 pub(crate) const NO_ROWS: &[usize] = &[];
 pub(crate) const ROWS_FIRST: &[usize] = &[0];
 
-/// The launch classes already settled, per device (see [`launch_class`]).
-static SETTLED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+/// The launch classes already settled, per device.
+static SETTLED: LazyLock<Mutex<HashSet<(DeviceId, u64)>>> = LazyLock::new(Mutex::default);
 
 /// What of a primitive call can pick a kernel variant, so that two calls of one class launch the
-/// same compiled kernels: the primitive, the dtype, every dimension except the ones that count
-/// rows (given per operand; they enter as their next power of two, since the kernels only
-/// compare them against powers of two), and each operand's layout (which strides are 1, which
-/// are multiples of 8 elements, its offset modulo 16 bytes: what the vector widths read).
+/// same compiled kernels: the primitive and its switches, each operand's dtype, every dimension
+/// except the ones that count rows (given per operand; they enter as their next power of two,
+/// since the kernels only compare them against powers of two), and its layout (which strides
+/// are 1, which are multiples of 8 elements, its offset modulo 16 bytes: what the vector widths
+/// read). Hashed in this process, with no allocation: computed on every call.
 pub(crate) fn launch_class<R: CubeRuntime>(
-    primitive: &str,
+    switches: impl Hash,
     operands: &[(&CubeTensor<R>, &[usize])],
-) -> String {
-    let mut class = primitive.to_string();
+) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    switches.hash(&mut hasher);
     for (t, rows) in operands {
-        let dims: Vec<usize> = t
-            .meta
-            .shape()
-            .iter()
-            .enumerate()
-            .map(|(i, &d)| {
-                if rows.contains(&i) {
-                    d.next_power_of_two()
-                } else {
-                    d
-                }
-            })
-            .collect();
-        let strides: String = t
-            .meta
-            .strides()
-            .iter()
-            .map(|&st| match (st == 1, st % 8 == 0) {
-                (true, _) => '1',
-                (false, true) => '8',
-                (false, false) => 'x',
-            })
-            .collect();
-        let offset = t.handle.offset_start.unwrap_or(0) % 16;
-        class += &format!(" {:?}{dims:?}{strides}@{offset}", t.dtype);
+        t.dtype.hash(&mut hasher);
+        let (shape, strides) = (t.meta.shape(), t.meta.strides());
+        shape.len().hash(&mut hasher);
+        for (i, &d) in shape.iter().enumerate() {
+            let d = if rows.contains(&i) {
+                d.next_power_of_two()
+            } else {
+                d
+            };
+            d.hash(&mut hasher);
+        }
+        for &st in strides.iter() {
+            (st == 1, st % 8 == 0).hash(&mut hasher);
+        }
+        (t.handle.offset_start.unwrap_or(0) % 16).hash(&mut hasher);
     }
-    class
+    hasher.finish()
 }
 
 /// After a primitive's launches, the first time their class runs on `device`: cubecl reports a
@@ -122,37 +119,37 @@ pub(crate) fn launch_class<R: CubeRuntime>(
 pub(crate) fn settle_launches<R: CubeRuntime>(
     client: &ComputeClient<R>,
     device: &R::Device,
-    class: String,
+    class: u64,
 ) {
-    let key = format!("{device:?} {class}");
     let first = SETTLED
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashSet::new)
-        .insert(key);
+        .insert((device.to_id(), class));
     if !first {
         return;
     }
     if let Err(err) = client.flush() {
-        let device = format!("{device:?}");
-        log::error!("burn-invariant: a launch on {device} failed: {err:?}");
+        log::error!("burn-invariant: a launch on {device:?} failed: {err:?}");
         let mut failed = FAILED_DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-        if !failed.iter().any(|(d, _)| *d == device) {
-            failed.push((device, format!("{err:?}")));
+        if !failed.iter().any(|(d, _)| *d == device.to_id()) {
+            failed.push((device.to_id(), format!("{err:?}")));
         }
+        ANY_FAILED.store(true, Ordering::Release);
     }
 }
 
 /// The failure [`settle_launches`] recorded for `device`, if any.
 pub(crate) fn device_failure<R: CubeRuntime>(device: &R::Device) -> Option<InvariantError> {
-    let device = format!("{device:?}");
+    if !ANY_FAILED.load(Ordering::Acquire) {
+        return None;
+    }
     FAILED_DEVICES
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .find(|(d, _)| *d == device)
-        .map(|(device, reason)| InvariantError::DeviceFailed {
-            device: device.clone(),
+        .find(|(d, _)| *d == device.to_id())
+        .map(|(_, reason)| InvariantError::DeviceFailed {
+            device: format!("{device:?}"),
             reason: reason.clone(),
         })
 }
@@ -352,7 +349,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         let targets = into_contiguous(index_targets(targets));
         let out = empty(&targets, targets.meta.shape().to_vec(), targets.dtype);
         let class = launch_class(
-            &format!("tp_leaf_targets ignore={}", ignore_index.is_some()),
+            ("tp_leaf_targets", ignore_index.is_some()),
             &[(&targets, ROWS_FIRST)],
         );
         launched(tp_kernels::leaf_targets(
@@ -389,7 +386,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         let n = leaf_targets.meta.shape()[0];
         let out = empty(&stats, vec![2, n], DType::F32);
         let class = launch_class(
-            &format!("tp_pick acc={}", acc.is_some()),
+            ("tp_pick", acc.is_some()),
             &[(&stats, ROWS_FIRST), (&leaf_targets, ROWS_FIRST)],
         );
         let acc_binding = acc.map(|a| a.binding());
@@ -420,7 +417,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
         let n = targets.meta.shape()[0];
         let out = empty(&lse, vec![n, 2], DType::F32);
         let class = launch_class(
-            &format!("tp_finish ignore={}", ignore_index.is_some()),
+            ("tp_finish", ignore_index.is_some()),
             &[(&lse, ROWS_FIRST), (&targets, ROWS_FIRST)],
         );
         let targets_binding = targets.clone().binding();
@@ -446,7 +443,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
 fn merge<R: CubeRuntime>(
     a: CubeTensor<R>,
     b: CubeTensor<R>,
-    primitive: &str,
+    primitive: &'static str,
     launch: MergeLaunch<R>,
 ) -> CubeTensor<R> {
     let (a, b) = (into_contiguous(a), into_contiguous(b));

@@ -8,7 +8,8 @@ use burn::nn::Embedding;
 use burn::tensor::{Int, Tensor};
 
 use crate::{
-    InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput, linear, linear_logp_full,
+    InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput, linear, linear_logp,
+    linear_logp_full,
 };
 
 /// Configuration of an [`InvariantLmHead`].
@@ -72,8 +73,13 @@ impl<B: InvariantBackend> InvariantLmHead<B> {
         targets: Tensor<B, 1, Int>,
         options: &LinearLogpOptions,
     ) -> Result<Tensor<B, 1>, InvariantError> {
-        let options = options.clone().with_entropy(false);
-        Ok(self.logp_full(hidden, targets, &options)?.logp)
+        linear_logp(
+            hidden,
+            self.weight.val(),
+            targets,
+            self.bias.as_ref().map(Param::val),
+            options,
+        )
     }
 
     /// Log-prob, lse and (with `options.entropy`) entropy per row, all f32 `[N]`

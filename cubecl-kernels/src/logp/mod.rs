@@ -58,14 +58,7 @@ thread_local! {
 /// are unaffected; the previous setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_chunked_fma<T>(f: impl FnOnce() -> T) -> T {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CHUNKED_FMA.with(|on| on.set(self.0));
-        }
-    }
-    let _restore = Restore(CHUNKED_FMA.with(|on| on.replace(true)));
-    f()
+    crate::util::with_thread_flag(&CHUNKED_FMA, f)
 }
 
 pub(crate) fn chunked_fma_forced() -> bool {

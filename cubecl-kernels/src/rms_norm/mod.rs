@@ -46,14 +46,7 @@ thread_local! {
 /// previous setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_rejected_launch<T>(f: impl FnOnce() -> T) -> T {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            REJECTED_LAUNCH.with(|on| on.set(self.0));
-        }
-    }
-    let _restore = Restore(REJECTED_LAUNCH.with(|on| on.replace(true)));
-    f()
+    crate::util::with_thread_flag(&REJECTED_LAUNCH, f)
 }
 
 /// The inputs of [`rms_norm_forward`] and [`rms_norm_backward`].

@@ -117,12 +117,12 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
 /// The launch class of an attention call: batch rows and key counts vary freely between calls
 /// of one model; the heads, query rows and head size pick the kernels.
 fn attention_class<R: CubeRuntime>(
-    primitive: &str,
+    primitive: &'static str,
     causal: bool,
     [query, key, value]: [&CubeTensor<R>; 3],
-) -> String {
+) -> u64 {
     launch_class(
-        &format!("{primitive} causal={causal}"),
+        (primitive, causal),
         &[(query, &[0][..]), (key, &[0, 2]), (value, &[0, 2])],
     )
 }

@@ -192,17 +192,18 @@ where
 
 /// The launch class of a `linear_logp` call: the rows vary freely; the head's switches, the
 /// ignore index and the other sizes pick the kernels.
-fn logp_class<R: CubeRuntime, B>(primitive: &str, inputs: &LinearLogpInputs<B>) -> String
+fn logp_class<R: CubeRuntime, B>(primitive: &'static str, inputs: &LinearLogpInputs<B>) -> u64
 where
     B: burn::tensor::backend::Backend<
             FloatTensorPrimitive = CubeTensor<R>,
             IntTensorPrimitive = CubeTensor<R>,
         >,
 {
-    let switches = format!(
-        "{primitive} {:?} ignore={}",
-        inputs.head,
-        inputs.ignore_index.is_some()
+    let switches = (
+        primitive,
+        inputs.head.inv_temperature.to_bits(),
+        inputs.head.entropy,
+        inputs.ignore_index.is_some(),
     );
     let mut operands: Vec<(&CubeTensor<R>, &[usize])> = vec![
         (&inputs.hidden, ROWS_FIRST),
@@ -210,7 +211,7 @@ where
         (&inputs.targets, ROWS_FIRST),
     ];
     operands.extend(inputs.bias.as_ref().map(|b| (b, NO_ROWS)));
-    launch_class(&switches, &operands)
+    launch_class(switches, &operands)
 }
 
 /// Owned bindings of the `linear_logp` inputs (the kernel API borrows them).

@@ -30,9 +30,9 @@
 //! the exchange's cubecl client (cubecl may hold a thread's launches until then), then polls
 //! the flag words from the host (16 bytes, back to back for 20 ms, then every 100 µs) until
 //! the last exchange's device-side wait has resolved, and returns its error, so the failed call
-//! itself fails, on every rank. The host gives up by itself (and
-//! breaks the group) only at twice the timeout after this rank's compute reached the exchange,
-//! so the device-side timeout always speaks first.
+//! itself fails, on every rank. The host gives up by itself (and breaks the group) only at twice
+//! the timeout after this rank's compute reached the exchange, so the device-side timeout always
+//! speaks first.
 //!
 //! The cost: a `tp` call returns only once this rank's compute up to its last exchange and
 //! the exchange itself are done (the host waits for that); with deferred failures it returns
