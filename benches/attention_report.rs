@@ -8,7 +8,8 @@
 //! - `InvariantUser`: the public functions under `Autodiff<Fusion<CubeBackend<Cuda, bf16>>>`,
 //!   forward, and forward + backward of `out.sum()`;
 //! - `InvariantPrim`: the primitives (`invariant_attention` + `invariant_attention_backward`,
-//!   `invariant_rms_norm` + `invariant_rms_norm_backward`) on the raw backend, with a
+//!   `invariant_rms_norm` + `invariant_rms_norm_backward`) on the raw backend, with the
+//!   implementation the registry picks for the device and bf16 (Sm90 attention on Hopper), and a
 //!   preallocated upstream gradient: the kernels without the public call's checks (`kv_lens`
 //!   given to the public call is read on the host, one sync per call);
 //! - `Burn`: Burn's own `burn::tensor::module::attention` on the raw backend (K/V heads
@@ -38,7 +39,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Distribution, Int, Tensor, TensorData};
 use burn_invariant::ops::attention::{AttentionInputs, AttentionOps};
 use burn_invariant::ops::rms_norm::{RmsNormInputs, RmsNormOps};
-use burn_invariant::registry::Implementation;
+use burn_invariant::registry::{Implementation, Op, implementation_for};
 use burn_invariant::{AttentionOptions, InvariantBackend};
 
 /// The raw bf16 CUDA backend.
@@ -239,7 +240,7 @@ fn prefill_cases(device: &cubecl::cuda::CudaDevice) {
                         .expect("attention");
                 },
             );
-            let imp = Implementation::CubeCl;
+            let imp = chosen::<Raw>(Op::Attention, device);
             let lens = int_tensor::<Raw>(vec![s as i64; b], device);
             let inputs = || AttentionInputs::<Raw> {
                 query: q.clone().into_primitive().tensor(),
@@ -372,6 +373,7 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
             },
         );
         let prim_lens = int_tensor::<Raw>(lens, device);
+        let imp = chosen::<Raw>(Op::Attention, device);
         case::<Raw>(
             device,
             op,
@@ -388,7 +390,7 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
                     causal: true,
                     scale: 1.0 / (d as f32).sqrt(),
                 };
-                let _ = Raw::invariant_attention(inputs, Implementation::CubeCl);
+                let _ = Raw::invariant_attention(inputs, imp);
             },
         );
     }
@@ -429,7 +431,7 @@ fn rms_cases(device: &cubecl::cuda::CudaDevice) {
                     burn_invariant::rms_norm(x.clone(), gamma.clone(), RMS_EPS).expect("rms_norm");
             },
         );
-        let imp = Implementation::CubeCl;
+        let imp = chosen::<Raw>(Op::RmsNorm, device);
         let inputs = || RmsNormInputs::<Raw> {
             x: x.clone().into_primitive().tensor(),
             gamma: gamma.clone().into_primitive().tensor(),
@@ -895,4 +897,9 @@ fn main() {
     }
     #[cfg(not(feature = "cuda"))]
     println!("NOTICE: build with --features cuda for the attention report");
+}
+
+/// What the registry runs for `op` on `device` in bf16 (what the public call would run).
+fn chosen<Bk: InvariantBackend>(op: Op, device: &Bk::Device) -> Implementation {
+    implementation_for::<Bk>(op, device, DType::BF16).expect("an implementation for bf16")
 }

@@ -3,7 +3,8 @@
 RESULT lines with impl=cuBLAS. Timing: CUDA events, 200 ms of warm-up, median of repetitions of a batch of calls,
 random data, TF32 off. For linear_logp the reference is one [N,D]x[D,V] GEMM (four for forward+backward),
 with V rounded up to a multiple of 128 (cuBLAS takes a slow path at V=50257).
-`cublas_reference.py f16`: the M=4096 matmul and linear_logp shapes in f16 (the wgpu/Vulkan report's dtype)."""
+`cublas_reference.py f16`: the M=4096 matmul and linear_logp shapes in f16 (the wgpu/Vulkan report's dtype);
+`cublas_reference.py tp N D V..`: the tensor-parallel bench's per-rank shapes (`tp_shards`)."""
 import sys
 import time
 
@@ -34,6 +35,30 @@ def median_ms(fn, batch, reps=7):
 def report(op, shape, ms, flops):
     print(f"RESULT op={op} impl=cuBLAS {shape} ms={ms:.4f} tflops={flops / (ms * 1e-3) / 1e12:.1f}", flush=True)
 
+
+def tp_shards(n, d, vocabs):
+    """`cublas_reference.py tp N D V [V ..]`: the per-rank shape of the tensor-parallel bench
+    (examples/tp_linear_logp.rs), bf16: N rows of D against a vocabulary shard of V / world columns for
+    worlds 1, 2, 4; one forward GEMM and the four of a forward + backward (logits, the backward's recomputed
+    logits, dHidden = dZ . W, dWeight = dZ^T . H), the floor a rank's leaves cannot beat."""
+    for v in vocabs:
+        base = None
+        for world in (1, 2, 4):
+            vs = -(-v // world)
+            h = (torch.randn(n, d, device="cuda") * 0.1).to(torch.bfloat16)
+            w = (torch.randn(vs, d, device="cuda") * 0.05).to(torch.bfloat16)
+            dz = (torch.randn(n, vs, device="cuda") * 1e-3).to(torch.bfloat16)
+            fwd = median_ms(lambda: h @ w.t(), 5)
+            four = 2 * fwd + median_ms(lambda: dz @ w, 5) + median_ms(lambda: dz.t() @ h, 5)
+            base = base or four
+            print(f"CUBLAS_TP V={v} world={world} shard={vs} fwd_ms={fwd:.4f} fwd_bwd4_ms={four:.4f} "
+                  f"ratio_vs_world1={four / base:.3f}", flush=True)
+
+
+if sys.argv[1:2] == ["tp"]:
+    args = [int(a) for a in sys.argv[2:]] or [4096, 2048, 131072, 262144]
+    tp_shards(args[0], args[1], args[2:])
+    sys.exit(0)
 
 DT, NAME = (torch.float16, "f16") if sys.argv[1:] == ["f16"] else (torch.bfloat16, "bf16")
 for k, n in PROJECTIONS:

@@ -35,6 +35,12 @@ namespace ib {
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Ping-pong of the two consumer warpgroups (FA3): warpgroup c issues its wgmma batch only after the other's batch
+// is issued (named barriers 2 + c, 256 threads), so one's softmax runs while the other's MMAs occupy the tensor
+// cores. Scheduling only: no arithmetic depends on it.
+__device__ __forceinline__ void pingpong_wait(int c) { asm volatile("bar.sync %0, 256;" ::"r"(2 + c) : "memory"); }
+__device__ __forceinline__ void pingpong_pass(int c) { asm volatile("bar.arrive %0, 256;" ::"r"(3 - c) : "memory"); }
+
 template <int NR>
 __device__ __forceinline__ void fence_regs_u32(u32* r) {
 #pragma unroll
@@ -355,10 +361,17 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
 
   if (nblk > 0) {
     const u32 qa = smem_addr(sq + c * 8192), ka = smem_addr(sk), va = smem_addr(sv);
+    // ping-pong turns: nblk + 1 batches per warpgroup; the second lets the first go first and skips its last pass.
+    // Dh 128 only: at Dh 64 the softmax outweighs the MMAs and the turns cost more than they overlap (H100:
+    // 1.43x -> 1.58x cuDNN at S 4096, while Dh 128 went 1.47x -> 1.39x and 1.37x -> 1.31x).
+    const bool pp = nact == 2 && D == 128;
+    if (pp && c == 1) pingpong_pass(c);
     mbar_wait(bar_q, 0);
     // block 0
     mbar_wait(&full_k[0], 0);
+    if (pp) pingpong_wait(c);
     attn_issue_s<T, C>(s, qa, ka);
+    if (pp) pingpong_pass(c);
     wgmma_wait<0>();
     fence_regs<BN / 2>(s);
     if (tid == 0) mbar_arrive(&empty_k[0]);
@@ -369,11 +382,13 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
       const int st = n % ST, pst = (n - 1) % ST;
       const u32 ph = (u32)(n / ST) & 1u, pph = (u32)((n - 1) / ST) & 1u;
       mbar_wait(&full_k[st], ph);
-      attn_issue_s<T, C>(s, qa, ka + st * C::K_BYTES);
       mbar_wait(&full_v[pst], pph);
+      if (pp) pingpong_wait(c);
+      attn_issue_s<T, C>(s, qa, ka + st * C::K_BYTES);
       fence_regs<D / 2>(o);
       fence_regs_u32<BN / 4>(&pa[0][0]);
       attn_issue_pv<T, C>(o, pa, va + pst * C::V_BYTES);
+      if (pp) pingpong_pass(c);
       wgmma_wait<1>();  // S_n done
       fence_regs<BN / 2>(s);
       if (tid == 0) mbar_arrive(&empty_k[st]);
@@ -393,9 +408,11 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
     }
     const int last = nblk - 1, lst = last % ST;
     mbar_wait(&full_v[lst], (u32)(last / ST) & 1u);
+    if (pp) pingpong_wait(c);
     fence_regs<D / 2>(o);
     fence_regs_u32<BN / 4>(&pa[0][0]);
     attn_issue_pv<T, C>(o, pa, va + lst * C::V_BYTES);
+    if (pp && c == 0) pingpong_pass(c);
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
     if (tid == 0) mbar_arrive(&empty_v[lst]);
@@ -437,6 +454,383 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   }
 }
 
+
+// =============================================================================================== backward
+// Three launches (README "Attention backward"): a pre-pass per query row, then dQ per query tile (keys
+// ascending) and dK/dV per key block (query heads, then query blocks ascending). No atomics: every output
+// element is written by one CTA that reduces in a fixed order.
+//
+// Pre-pass, row r (one warp): delta = dO . O (f32 fma chain per lane over its Dh/32 columns ascending, then an
+// xor tree over the warp), live = (dO != 0 anywhere) && pos >= 0, lim = visible keys of a live row (0 else),
+// lse2 = lse * log2 e; and Qz = live ? Q : 0, so a padding row (NaN/Inf in Q) adds exact zeros to dK.
+// Per (query row, visible key): s = S * (scale log2 e), p = 2^(s - lse2), dp = dO . V^T (wgmma), ds = p (dp - delta);
+// every other pair has p = ds = 0 (a select: NaN past kv_len or in padding rows never leaks).
+// dQ = scale * (sum over key blocks of 64 from key 0 of dtype(ds) . K), dV = sum over (head, query block of 64 at
+// fixed query indices) of dtype(p)^T . dO, dK = scale * (same sum of dtype(ds)^T . Qz).
+#define ATTN_BWD_BLOCK 64  // dQ: keys per step; dK/dV: queries per step (part of the numerics)
+#define ATTN_BWD_TILE 128  // rows per CTA: query rows (dQ), keys (dK/dV)
+
+// Per query row, from the pre-pass: {lse2, delta, lim (int bits), 0}.
+typedef float4 AttnRow;
+
+template <class T, int D_, int ST_>
+struct AttnBwdCfg {
+  static constexpr int D = D_, BN = ATTN_BWD_BLOCK, BM = ATTN_BWD_TILE, ST = ST_, NTHREADS = 384;
+  static constexpr int DC = D / 64;
+  static constexpr int TILE_BYTES = BM * D * 2, BLK_BYTES = BN * D * 2;
+  // two BM x D tiles (Q, dO for dQ; K, V for dK/dV) | ST x two BN x D blocks | mbarriers
+  static constexpr int SMEM_BYTES = 1024 + 2 * TILE_BYTES + ST * 2 * BLK_BYTES + 128;
+  static_assert(D % 64 == 0 && BN == 64 && BM == 128 && (3 + 2 * ST) * 8 <= 128, "AttnBwdCfg");
+};
+
+template <class T, int D>
+__device__ __forceinline__ void attn_bwd_prep_body(const AttnParams& p, int row, const int* __restrict__ kv_lens,
+                                                   const T* __restrict__ q, const T* __restrict__ out,
+                                                   const T* __restrict__ dout, const float* __restrict__ lse,
+                                                   T* __restrict__ qz, AttnRow* __restrict__ rows) {
+  constexpr int E = D / 32;  // columns per lane, contiguous
+  const int Q = (int)p.Q, nrows = (int)(p.B * p.H) * Q;
+  const int lane = threadIdx.x & 31;
+  if (row >= nrows) return;
+  const int b = row / (Q * (int)p.H), i = row % Q;
+  const int kvl = min(max(kv_lens[b], 0), (int)p.KV), pos = kvl - Q + i;
+  const size_t base = (size_t)row * D + lane * E;
+  float delta = 0.f;
+  bool nz = false;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const float g = to_f32<T>(dout[base + e]);
+    nz |= g != 0.f;  // NaN counts as nonzero
+    delta = fmaf(g, to_f32<T>(out[base + e]), delta);
+  }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) delta = delta + __shfl_xor_sync(0xffffffffu, delta, m);  // same bits on every lane
+  const bool live = __any_sync(0xffffffffu, nz) && pos >= 0;
+  const int lim = !live ? 0 : ((p.flags & ATTN_CAUSAL) ? pos + 1 : kvl);
+#pragma unroll
+  for (int e = 0; e < E; ++e) qz[base + e] = live ? q[base + e] : from_f32<T>(0.f);
+  if (lane == 0) rows[row] = make_float4(__fmul_rn(lse[row], IB_LOG2E), delta, __int_as_float(lim), 0.f);
+}
+
+// p and ds of one accumulator element (score S, dp) for a (query, key) pair; r = the query's AttnRow.
+__device__ __forceinline__ void attn_p_ds(float& s, float& dp, bool vis, const AttnRow& r, float sl2) {
+  const float pv = ex2(__fsub_rn(__fmul_rn(s, sl2), r.x));
+  const float dsv = __fmul_rn(pv, __fsub_rn(dp, r.y));
+  s = vis ? pv : 0.f;
+  dp = vis ? dsv : 0.f;
+}
+
+// 64 x 64 accumulator (f32) -> wgmma A fragments in the input dtype, 4 k16 steps.
+template <class T>
+__device__ __forceinline__ void attn_frags64(u32 (*fa)[4], const float* s) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) fa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// acc (64 x 64) = A (64 rows x D, K-major boxes: chunk dc at a + dc * astride) . B^T (64 rows x D, chunk dc at
+// b + dc * 8192): D/16 k16 steps over Dh ascending, from zero.
+template <class T, int D>
+__device__ __forceinline__ void attn_ss64(float* acc, u32 a, u32 astride, u32 b) {
+#pragma unroll
+  for (int k = 0; k < 32; ++k) acc[k] = 0.f;
+  wgmma_fence();  // the zeros above are register writes the wgmma reads
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    Wgmma<T, 64, 0, 0>::run(acc, gmma_desc(a + (kk >> 2) * astride + (kk & 3) * 32, 16, 1024),
+                           gmma_desc(b + (kk >> 2) * 8192 + (kk & 3) * 32, 16, 1024));
+}
+
+// acc (64 x D) += F (64 x 64 from registers) . B (64 rows x D, MN-major: chunk dc at b + dc * 8192).
+template <class T, int D>
+__device__ __forceinline__ void attn_rs64(float* acc, const u32 (*fa)[4], u32 b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) AttnMma<T, D>::rs(acc, fa[kk], gmma_desc(b + kk * 2048, 8192, 1024));
+}
+
+// Stores a 64 x D accumulator (times `mul`, IEEE) rounded to T: rows row0 + (16 w + g + 8 i) < nvalid.
+template <class T, int D>
+__device__ __forceinline__ void attn_store64(T* __restrict__ dst, const float* acc, float mul, int row0, int nvalid,
+                                             int w, int g, int q) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = 16 * w + g + 8 * i;
+    if (r >= nvalid) continue;
+    u32* const drow = (u32*)(dst + (size_t)(row0 + r) * D);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      drow[4 * j + q] = pack2<T>(__fmul_rn(acc[4 * j + 2 * i], mul), __fmul_rn(acc[4 * j + 2 * i + 1], mul));
+  }
+}
+
+// ---- dQ: CTA = 128 packed query rows of one (b, kvh) group (the forward's tiles); K/V blocks of 64 keys.
+template <class T, class C>
+__device__ __forceinline__ void attn_bwd_dq_body(const TmaDesc* tmQ, const TmaDesc* tmDO, const TmaDesc* tmK,
+                                                 const TmaDesc* tmV, const AttnParams& p,
+                                                 const int* __restrict__ kv_lens, const AttnRow* __restrict__ rows,
+                                                 T* __restrict__ dq) {
+  constexpr int BM = C::BM, BN = C::BN, D = C::D, ST = C::ST, DC = C::DC;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const sq = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
+  unsigned char* const sdo = sq + C::TILE_BYTES;
+  unsigned char* const sk = sdo + C::TILE_BYTES;  // stage st: K at sk + st * 2 * BLK, V right after
+  u64* const bar_q = (u64*)(sk + ST * 2 * C::BLK_BYTES);
+  u64* const bar_z = bar_q + 1;
+  u64* const full = bar_q + 2;
+  u64* const empty = full + ST;
+
+  const int H = (int)p.H, KH = (int)p.KH, Q = (int)p.Q, KV = (int)p.KV;
+  const int G = H / KH, grows = G * Q, nmt = cdiv(grows, BM);
+  const int bk = (int)blockIdx.x / nmt;
+  const int mt = nmt - 1 - ((int)blockIdx.x - bk * nmt);
+  const int b = bk / KH, kvh = bk - b * KH;
+  const int r0 = mt * BM, nrow = min(BM, grows - r0);
+  const int kvl = min(max(kv_lens[b], 0), KV);
+  const int qrow0 = (b * H + kvh * G) * Q + r0, krow0 = bk * KV;
+  const int rl = r0 + nrow - 1;
+  const int imax = (r0 / Q != rl / Q) ? Q - 1 : rl % Q;
+  const int pmax = kvl - Q + imax;
+  const int maxlim = pmax < 0 ? 0 : ((p.flags & ATTN_CAUSAL) ? pmax + 1 : kvl);
+  const int nblk = cdiv(maxlim, BN);
+  const int nact = nrow > 64 ? 2 : 1;
+
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    mbar_init(bar_z, 1);
+    for (int i = 0; i < ST; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], nact);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer (warp 0)
+    reg_dealloc<40>();
+    if (tid >= 32 || nblk == 0) return;
+    const int lane = tid;
+    if (lane == 0) {
+      mbar_expect_tx(bar_q, 2 * nact * 64 * D * 2);
+      for (int c = 0; c < nact; ++c)
+#pragma unroll
+        for (int dc = 0; dc < DC; ++dc) {
+          tma_load_2d(sq + (dc * 2 + c) * 8192, tmQ, bar_q, dc * 64, qrow0 + 64 * c);
+          tma_load_2d(sdo + (dc * 2 + c) * 8192, tmDO, bar_q, dc * 64, qrow0 + 64 * c);
+        }
+    }
+    for (int n = 0; n < nblk; ++n) {
+      const int st = n % ST;
+      const u32 ph = (u32)(n / ST) & 1u;
+      // K rows >= kv_len of the last block: in-bounds garbage or zero fill, zeroed below (ds = 0 meets finite K)
+      const bool edge = (n + 1) * BN > kvl;
+      unsigned char* const kst = sk + st * 2 * C::BLK_BYTES;
+      unsigned char* const vst = kst + C::BLK_BYTES;
+      if (lane == 0) {
+        mbar_wait(&empty[st], ph ^ 1u);
+        u64* const bar = edge ? bar_z : &full[st];
+        mbar_expect_tx(bar, 2 * C::BLK_BYTES);
+#pragma unroll
+        for (int dc = 0; dc < DC; ++dc) {
+          tma_load_2d(kst + dc * 8192, tmK, bar, dc * 64, krow0 + n * BN);
+          tma_load_2d(vst + dc * 8192, tmV, bar, dc * 64, krow0 + n * BN);
+        }
+      }
+      __syncwarp();
+      if (edge) {
+        mbar_wait(bar_z, 0);  // at most one edge block per CTA
+        const int z0 = kvl - n * BN;
+        const int units = (BN - z0) * DC * 8;
+        for (int u = lane; u < units; u += 32) {
+          const int r = z0 + u / (DC * 8), rem = u % (DC * 8);
+          *(uint4*)(kst + (rem >> 3) * 8192 + r * 128 + (rem & 7) * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&full[st]);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------ consumers
+  reg_alloc<232>();
+  const int c = wg - 1;
+  if (c >= nact) return;
+  const int w = tid >> 5, ln = tid & 31, g = ln >> 2, q = ln & 3;
+  AttnRow rw[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rt = 64 * c + 16 * w + g + 8 * i;
+    rw[i] = rt < nrow ? rows[qrow0 + rt] : make_float4(0.f, 0.f, __int_as_float(0), 0.f);
+  }
+  const float sl2 = __fmul_rn(p.scale, IB_LOG2E);
+  float acc[D / 2];
+  float s[BN / 2], dp[BN / 2];
+  u32 fa[BN / 16][4];
+#pragma unroll
+  for (int k = 0; k < D / 2; ++k) acc[k] = 0.f;
+  if (nblk > 0) {
+    const u32 qa = smem_addr(sq + c * 8192), da = smem_addr(sdo + c * 8192), ka = smem_addr(sk);
+    mbar_wait(bar_q, 0);
+    for (int n = 0; n < nblk; ++n) {
+      const int st = n % ST;
+      mbar_wait(&full[st], (u32)(n / ST) & 1u);
+      const u32 kb = ka + st * 2 * C::BLK_BYTES, vb = kb + C::BLK_BYTES;
+      attn_ss64<T, D>(s, qa, 2 * 8192, kb);    // S = Q . K^T
+      attn_ss64<T, D>(dp, da, 2 * 8192, vb);   // dP = dO . V^T
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs<BN / 2>(s);
+      fence_regs<BN / 2>(dp);
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int key = n * BN + 8 * j + 2 * q + h, e = 4 * j + 2 * i + h;
+            attn_p_ds(s[e], dp[e], key < __float_as_int(rw[i].z), rw[i], sl2);
+          }
+      attn_frags64<T>(fa, dp);
+      fence_regs<D / 2>(acc);
+      wgmma_fence();
+      attn_rs64<T, D>(acc, fa, kb);  // dQ += dS . K
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs<D / 2>(acc);
+      if (tid == 0) mbar_arrive(&empty[st]);
+    }
+  }
+  attn_store64<T, D>(dq, acc, p.scale, qrow0 + 64 * c, nrow - 64 * c, w, g, q);
+}
+
+// ---- dK/dV: CTA = 128 keys of one (b, kvh) (consumer warpgroup c: keys 64c..64c+63); walks the group's query
+// heads ascending, each head's query blocks of 64 (query indices 64j..64j+63) ascending, skipping blocks that see
+// none of the CTA's keys. Query rows past Q are other heads' rows or zero fill: lim = 0 for them.
+template <class T, class C>
+__device__ __forceinline__ void attn_bwd_dkdv_body(const TmaDesc* tmQz, const TmaDesc* tmDO, const TmaDesc* tmK,
+                                                   const TmaDesc* tmV, const AttnParams& p,
+                                                   const int* __restrict__ kv_lens,
+                                                   const AttnRow* __restrict__ rows, T* __restrict__ dk,
+                                                   T* __restrict__ dv) {
+  constexpr int BN = C::BN, D = C::D, ST = C::ST, DC = C::DC;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* const sk = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
+  unsigned char* const sv = sk + C::TILE_BYTES;
+  unsigned char* const sq = sv + C::TILE_BYTES;  // stage st: Qz at sq + st * 2 * BLK, dO right after
+  u64* const bar_kv = (u64*)(sq + ST * 2 * C::BLK_BYTES);
+  u64* const full = bar_kv + 1;
+  u64* const empty = full + ST;
+
+  const int H = (int)p.H, KH = (int)p.KH, Q = (int)p.Q, KV = (int)p.KV;
+  const int G = H / KH, nkt = cdiv(KV, C::BM);
+  const int bk = (int)blockIdx.x / nkt;
+  const int k0 = ((int)blockIdx.x - bk * nkt) * C::BM;
+  const int b = bk / KH, kvh = bk - b * KH;
+  const int kvl = min(max(kv_lens[b], 0), KV);
+  const bool causal = p.flags & ATTN_CAUSAL;
+  const int nqb = cdiv(Q, BN);
+  // first query block with a query that sees key k0 (pos >= k0 causal, pos >= 0 else); none if k0 >= kv_len
+  const int pmin = causal ? k0 : 0;
+  const int jmin = k0 >= kvl ? nqb : max(0, pmin - (kvl - Q)) / BN;
+  const int nvis = G * (nqb - jmin);
+  const int qhead0 = (b * H + kvh * G) * Q;  // row of (head kvh*G, query 0) in [B*H*Q, Dh]
+
+  const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_kv, 1);
+    for (int i = 0; i < ST; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 2);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------------------------------------ producer (thread 0)
+    reg_dealloc<24>();
+    if (tid != 0 || nvis == 0) return;
+    mbar_expect_tx(bar_kv, 2 * C::TILE_BYTES);
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int dc = 0; dc < DC; ++dc) {
+        tma_load_2d(sk + (dc * 2 + c) * 8192, tmK, bar_kv, dc * 64, bk * KV + k0 + 64 * c);
+        tma_load_2d(sv + (dc * 2 + c) * 8192, tmV, bar_kv, dc * 64, bk * KV + k0 + 64 * c);
+      }
+    for (int n = 0; n < nvis; ++n) {
+      const int st = n % ST, hg = n / (nqb - jmin), j = jmin + n % (nqb - jmin);
+      mbar_wait(&empty[st], ((u32)(n / ST) & 1u) ^ 1u);
+      mbar_expect_tx(&full[st], 2 * C::BLK_BYTES);
+      unsigned char* const qst = sq + st * 2 * C::BLK_BYTES;
+#pragma unroll
+      for (int dc = 0; dc < DC; ++dc) {
+        tma_load_2d(qst + dc * 8192, tmQz, &full[st], dc * 64, qhead0 + hg * Q + j * BN);
+        tma_load_2d(qst + C::BLK_BYTES + dc * 8192, tmDO, &full[st], dc * 64, qhead0 + hg * Q + j * BN);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------ consumers
+  reg_alloc<240>();
+  const int c = wg - 1;
+  const int w = tid >> 5, ln = tid & 31, g = ln >> 2, q = ln & 3;
+  const float sl2 = __fmul_rn(p.scale, IB_LOG2E);
+  float adk[D / 2], adv[D / 2];
+  float s[BN / 2], dp[BN / 2];
+  u32 fp[BN / 16][4], fs[BN / 16][4];
+#pragma unroll
+  for (int k = 0; k < D / 2; ++k) adk[k] = adv[k] = 0.f;
+  if (nvis > 0) {
+    const u32 ka = smem_addr(sk + c * 8192), va = smem_addr(sv + c * 8192), qa = smem_addr(sq);
+    mbar_wait(bar_kv, 0);
+    const int key0 = k0 + 64 * c + 16 * w + g;  // the thread's keys: key0, key0 + 8
+    for (int n = 0; n < nvis; ++n) {
+      const int st = n % ST, hg = n / (nqb - jmin), j = jmin + n % (nqb - jmin);
+      mbar_wait(&full[st], (u32)(n / ST) & 1u);
+      const u32 qb = qa + st * 2 * C::BLK_BYTES, db = qb + C::BLK_BYTES;
+      attn_ss64<T, D>(s, ka, 2 * 8192, qb);   // S^T = K . Qz^T
+      attn_ss64<T, D>(dp, va, 2 * 8192, db);  // dP^T = V . dO^T
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs<BN / 2>(s);
+      fence_regs<BN / 2>(dp);
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int qi = j * BN + 8 * jj + 2 * q + h;  // query index within head hg
+          const AttnRow r = qi < Q ? rows[qhead0 + hg * Q + qi] : make_float4(0.f, 0.f, __int_as_float(0), 0.f);
+          const int lim = __float_as_int(r.z);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int e = 4 * jj + 2 * i + h;
+            attn_p_ds(s[e], dp[e], key0 + 8 * i < lim, r, sl2);
+          }
+        }
+      attn_frags64<T>(fp, s);
+      attn_frags64<T>(fs, dp);
+      fence_regs<D / 2>(adv);
+      fence_regs<D / 2>(adk);
+      wgmma_fence();
+      attn_rs64<T, D>(adv, fp, db);  // dV += P^T . dO
+      attn_rs64<T, D>(adk, fs, qb);  // dK += dS^T . Qz
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs<D / 2>(adv);
+      fence_regs<D / 2>(adk);
+      if (tid == 0) mbar_arrive(&empty[st]);
+    }
+  }
+  const int krow = bk * KV + k0 + 64 * c, kvalid = KV - k0 - 64 * c;
+  attn_store64<T, D>(dv, adv, 1.f, krow, kvalid, w, g, q);
+  attn_store64<T, D>(dk, adk, p.scale, krow, kvalid, w, g, q);
+}
+
 }  // namespace ib
 
 // Entry points: ib_attn_fwd_<T>_d<Dh>. Signature (README "Build model"): the three maps, one pointer per map,
@@ -464,4 +858,71 @@ IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d128)
 IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+#endif
+
+// Backward entry points (README "Attention backward"), per <T>_d<Dh>: ib_attn_bwd_prep (one warp per query row),
+// ib_attn_bwd_dq (grid as the forward), ib_attn_bwd_dkdv (grid B*KH*ceil(KV/128)).
+#define IB_ATTN_PREP_ENTRY(NAME, T, D)                                                                       \
+  extern "C" __global__ void __launch_bounds__(256)                                                           \
+      NAME(const int* __restrict__ kv_lens, const T* __restrict__ query, const T* __restrict__ out,            \
+           const T* __restrict__ dout, const float* __restrict__ lse, T* __restrict__ qz,                     \
+           float4* __restrict__ rows, const __grid_constant__ AttnParams p) {                                 \
+    ib::attn_bwd_prep_body<T, D>(p, (int)(blockIdx.x * 8 + (threadIdx.x >> 5)), kv_lens, query, out, dout,   \
+                                 lse, qz, rows);                                                              \
+  }
+#define IB_ATTN_DQ_ENTRY(NAME, T, D, ST, SMEM)                                                                \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                        \
+      NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmDO,                         \
+           const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV, const void* mapQ,        \
+           const void* mapDO, const void* mapK, const void* mapV, const T* query, const T* dout, const T* key, \
+           const T* value, const int* __restrict__ kv_lens, const float4* __restrict__ rows,                  \
+           T* __restrict__ dq, const __grid_constant__ AttnParams p) {                                        \
+    static_assert(ib::AttnBwdCfg<T, D, ST>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory");      \
+    ib::attn_bwd_dq_body<T, ib::AttnBwdCfg<T, D, ST>>(&tmQ, &tmDO, &tmK, &tmV, p, kv_lens, rows, dq);        \
+  }
+#define IB_ATTN_DKDV_ENTRY(NAME, T, D, ST, SMEM)                                                              \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                        \
+      NAME(const __grid_constant__ TmaDesc tmQz, const __grid_constant__ TmaDesc tmDO,                        \
+           const __grid_constant__ TmaDesc tmK, const __grid_constant__ TmaDesc tmV, const void* mapQz,       \
+           const void* mapDO, const void* mapK, const void* mapV, const T* qz, const T* dout, const T* key,   \
+           const T* value, const int* __restrict__ kv_lens, const float4* __restrict__ rows,                  \
+           T* __restrict__ dk, T* __restrict__ dv, const __grid_constant__ AttnParams p) {                    \
+    static_assert(ib::AttnBwdCfg<T, D, ST>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory");      \
+    ib::attn_bwd_dkdv_body<T, ib::AttnBwdCfg<T, D, ST>>(&tmQz, &tmDO, &tmK, &tmV, p, kv_lens, rows, dk, dv); \
+  }
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_prep_bf16_d64)
+IB_ATTN_PREP_ENTRY(ib_attn_bwd_prep_bf16_d64, __nv_bfloat16, 64)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dq_bf16_d64)
+IB_ATTN_DQ_ENTRY(ib_attn_bwd_dq_bf16_d64, __nv_bfloat16, 64, 2, 66688)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dkdv_bf16_d64)
+IB_ATTN_DKDV_ENTRY(ib_attn_bwd_dkdv_bf16_d64, __nv_bfloat16, 64, 2, 66688)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_prep_bf16_d128)
+IB_ATTN_PREP_ENTRY(ib_attn_bwd_prep_bf16_d128, __nv_bfloat16, 128)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dq_bf16_d128)
+IB_ATTN_DQ_ENTRY(ib_attn_bwd_dq_bf16_d128, __nv_bfloat16, 128, 2, 132224)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dkdv_bf16_d128)
+IB_ATTN_DKDV_ENTRY(ib_attn_bwd_dkdv_bf16_d128, __nv_bfloat16, 128, 2, 132224)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_prep_f16_d64)
+IB_ATTN_PREP_ENTRY(ib_attn_bwd_prep_f16_d64, __half, 64)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dq_f16_d64)
+IB_ATTN_DQ_ENTRY(ib_attn_bwd_dq_f16_d64, __half, 64, 2, 66688)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dkdv_f16_d64)
+IB_ATTN_DKDV_ENTRY(ib_attn_bwd_dkdv_f16_d64, __half, 64, 2, 66688)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_prep_f16_d128)
+IB_ATTN_PREP_ENTRY(ib_attn_bwd_prep_f16_d128, __half, 128)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dq_f16_d128)
+IB_ATTN_DQ_ENTRY(ib_attn_bwd_dq_f16_d128, __half, 128, 2, 132224)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_bwd_dkdv_f16_d128)
+IB_ATTN_DKDV_ENTRY(ib_attn_bwd_dkdv_f16_d128, __half, 128, 2, 132224)
 #endif

@@ -10,7 +10,9 @@ MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timin
 and logp-backward parts separately), ksweep (time vs K), prof (one launch each, for ncu), sanitize (small
 shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
 bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
-attnperf (attention forward timings beside torch SDPA flash / cuDNN). Exit status 1 if any check fails.
+attnperf (attention forward timings beside torch SDPA flash / cuDNN), attnbwd (attention backward: gradients vs
+f64, rerun, row alone = ragged batch, right padding), attnbwdperf (forward + backward beside SDPA's). Exit status 1
+if any check fails.
 Needs no Rust build: the sources are compiled here through nvrtc_check's helpers (pip install torch and the
 nvidia-cuda-nvrtc 13.0 wheels, see nvrtc_check.py).
 """
@@ -675,6 +677,168 @@ def test_attn():
         check(f"attn bf16 d64 causal scale={sc}", e < 1e-2, f"rel={e:.2e}")
 
 
+def attn_bwd(q, k, v, out, lse, dout, kv_lens=None, causal=True, scale=None):
+    """ib_attn_bwd_{prep,dq,dkdv}_<T>_d<Dh> (README 'Attention backward'): the forward's out/lse and dout
+    [B,H,Q,Dh] -> (dq, dk, dv), NaN-filled first so every element must be written."""
+    B, H, Q, D = q.shape
+    KH, KV = k.shape[1], k.shape[2]
+    G = H // KH
+    if kv_lens is None:
+        kv_lens = torch.full((B,), KV, dtype=torch.int32, device="cuda")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    sf = sfx(q.dtype)
+    params = struct.pack("<IIIIIIfI", B, H, KH, Q, KV, ATTN_CAUSAL if causal else 0, scale, 0)
+    qz = torch.full_like(q, float("nan"))
+    rows = torch.full((B * H * Q, 4), float("nan"), device="cuda")
+    launch(f"ib_attn_bwd_prep_{sf}_d{D}", -(-(B * H * Q) // 8), [], [kv_lens, q, out, dout, lse, qz, rows], params)
+    dq = torch.full_like(q, float("nan"))
+    dk = torch.full_like(k, float("nan"))
+    dv = torch.full_like(v, float("nan"))
+    mq, mo = tmap(q, B * H * Q, D, D), tmap(dout, B * H * Q, D, D)
+    mk, mv = tmap(k, B * KH * KV, D, D), tmap(v, B * KH * KV, D, D)
+    launch(f"ib_attn_bwd_dq_{sf}_d{D}", B * KH * -(-(G * Q) // 128), [mq, mo, mk, mv],
+           [q, dout, k, v, q, dout, k, v, kv_lens, rows, dq], params)
+    mz = tmap(qz, B * H * Q, D, D)
+    launch(f"ib_attn_bwd_dkdv_{sf}_d{D}", B * KH * -(-KV // 128), [mz, mo, mk, mv],
+           [qz, dout, k, v, qz, dout, k, v, kv_lens, rows, dk, dv], params)
+    return dq, dk, dv
+
+
+def ref_attn_bwd(q, k, v, dout, kv_lens, causal, scale=None):
+    """f64 gradients of docs/CONTRACT.md 'attention semantics' (p = 0 where a query does not see a key)."""
+    B, H, Q, D = q.shape
+    KH, KV = k.shape[1], k.shape[2]
+    G = H // KH
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    qd, kf, vf, g = q.double(), k.double().repeat_interleave(G, 1), v.double().repeat_interleave(G, 1), dout.double()
+    s = (qd @ kf.transpose(-1, -2)) * scale
+    L = kv_lens.long().to(q.device)
+    j = torch.arange(KV, device=q.device)
+    pos = L[:, None] - Q + torch.arange(Q, device=q.device)[None, :]
+    vis = j[None, None, :] < L[:, None, None]
+    vis = vis & (j[None, None, :] <= pos[:, :, None]) if causal else vis.expand(B, Q, KV)
+    vis = (vis & (pos >= 0)[:, :, None])[:, None]
+    s = s.masked_fill(~vis, float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp(min=-1e300)
+    p = torch.where(vis, torch.exp(s - m), torch.zeros_like(s))
+    den = p.sum(-1, keepdim=True)
+    p = p / torch.where(den > 0, den, torch.ones_like(den))
+    o = p @ vf
+    dp = g @ vf.transpose(-1, -2)
+    ds = p * (dp - (g * o).sum(-1, keepdim=True))
+    dq = (ds @ kf) * scale
+    dk = ((ds.transpose(-1, -2) @ qd) * scale).view(B, KH, G, KV, D).sum(2)
+    dv = (p.transpose(-1, -2) @ g).view(B, KH, G, KV, D).sum(2)
+    return dq, dk, dv
+
+
+def test_attn_bwd():
+    """Gradients vs f64 and bitwise invariance of the attention backward (README 'Attention backward')."""
+    _watchdog("attnbwd")
+    torch.manual_seed(6)
+    cases = [(3, 8, 2, 37, 150, [150, 0, 20]), (2, 8, 2, 300, 700, [700, 333]), (2, 4, 1, 5, 200, [200, 129]),
+             (2, 2, 2, 64, 64, [64, 63]), (1, 2, 1, 1, 1, [1])]
+    for dt in (torch.bfloat16, torch.float16):
+        for D in (64, 128):
+            for causal in (True, False):
+                tag = f"{sfx(dt)} d{D} {'causal' if causal else 'full'}"
+                for (B, H, KH, Q, KV, L) in cases:
+                    q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
+                    do = rnd(B, H, Q, D, dt=dt)
+                    lens = _lens(L)
+                    out, lse = attn_fwd(q, k, v, lens, causal)
+                    dq, dk, dv = attn_bwd(q, k, v, out, lse, do, lens, causal)
+                    rq, rk, rv = ref_attn_bwd(q, k, v, do, lens, causal)
+                    # relative error; absolute where the exact gradient is ~0 (one visible key: dS = 0)
+                    errs = [rel(x, r) if r.norm().item() > 1e-6 else (x.double() - r).abs().max().item()
+                            for x, r in ((dq, rq), (dk, rk), (dv, rv))]
+                    written = not any(torch.isnan(t).any().item() for t in (dq, dk, dv))
+                    zero_ok = True
+                    for b in range(B):
+                        zero_ok &= bool((dk[b, :, L[b]:] == 0).all().item()) and bool((dv[b, :, L[b]:] == 0).all().item())
+                        for i in range(Q):
+                            if L[b] - Q + i < 0:
+                                zero_ok &= bool((dq[b, :, i] == 0).all().item())
+                    check(f"attnbwd {tag} B={B} H={H} KH={KH} Q={Q} KV={KV} lens={L}",
+                          max(errs) < 2e-2 and written and zero_ok,
+                          "rel dq/dk/dv=" + "/".join(f"{e:.1e}" for e in errs) + f" written={written} zeros={zero_ok}")
+                # invariance: rerun, right padding (NaN in the padding, zero upstream), row alone vs ragged batch
+                B, H, KH, Q, KV = 3, 8, 2, 37, 150
+                L = [150, 90, 41]
+                q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
+                do = rnd(B, H, Q, D, dt=dt)
+                kp, vp = k.clone(), v.clone()
+                for b in range(B):
+                    kp[b, :, L[b]:] = float("nan"); vp[b, :, L[b]:] = float("nan")
+                lens = _lens(L)
+                out, lse = attn_fwd(q, kp, vp, lens, causal)
+                g1 = attn_bwd(q, kp, vp, out, lse, do, lens, causal)
+                g2 = attn_bwd(q, kp, vp, out, lse, do, lens, causal)
+                check(f"attnbwd {tag} rerun determinism", all(torch.equal(a, b_) for a, b_ in zip(g1, g2)))
+                ok = True
+                for b in range(B):
+                    qs, ks, vs_ = q[b:b + 1].contiguous(), k[b:b + 1, :, :L[b]].contiguous(), v[b:b + 1, :, :L[b]].contiguous()
+                    lb = _lens([L[b]])
+                    o1, l1 = attn_fwd(qs, ks, vs_, lb, causal)
+                    a = attn_bwd(qs, ks, vs_, o1, l1, do[b:b + 1].contiguous(), lb, causal)
+                    ok &= torch.equal(a[0][0], g1[0][b]) and torch.equal(a[1][0], g1[1][b, :, :L[b]]) and \
+                        torch.equal(a[2][0], g1[2][b, :, :L[b]])
+                check(f"attnbwd {tag} row alone (tight cache) == row in ragged batch (NaN past kv_len)", ok)
+                if causal:
+                    # a trainer's right padding: S = 150 -> 170, other (finite) q/k/v in the padding, zero upstream
+                    # there. Finite: a key within kv_len that a query does not see still meets p = 0 in the MMA
+                    S, P = 150, 170
+                    q1 = rnd(1, H, S, D, dt=dt); k1 = rnd(1, KH, S, D, dt=dt); v1 = rnd(1, KH, S, D, dt=dt)
+                    d1 = rnd(1, H, S, D, dt=dt)
+                    pad = lambda t: torch.cat([t, 8 * torch.randn_like(t[:, :, :P - S])], 2).contiguous()
+                    o1, l1 = attn_fwd(q1, k1, v1, None, True)
+                    a = attn_bwd(q1, k1, v1, o1, l1, d1, None, True)
+                    qp, kp1, vp1 = pad(q1), pad(k1), pad(v1)
+                    dp1 = torch.cat([d1, torch.zeros_like(d1[:, :, :P - S])], 2).contiguous()
+                    op, lp = attn_fwd(qp, kp1, vp1, None, True)
+                    c = attn_bwd(qp, kp1, vp1, op, lp, dp1, None, True)
+                    ok = all(torch.equal(x[:, :, :S], y) for x, y in zip(c, a))
+                    ok &= all(bool((x[:, :, S:] == 0).all().item()) for x in c)
+                    check(f"attnbwd {tag} right padding 150 -> 170 (zero upstream): bitwise, padding zero", ok)
+
+
+def attn_bwd_perf():
+    """Forward + backward timings beside torch SDPA (flash, cuDNN) fwd + bwd, same process, medians."""
+    dt = torch.bfloat16
+    _watchdog("attnbwdperf", limit_s=300)
+    shapes = [(8, 32, 8, 2048, 128), (8, 32, 8, 4096, 128), (4, 32, 8, 4096, 64)]
+    print("\n| shape | ours fwd ms | ours bwd ms | ours fwd+bwd ms | SDPA flash fwd+bwd | SDPA cuDNN fwd+bwd | ours/flash | ours/cuDNN |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (B, H, KH, S, D) in shapes:
+        torch.manual_seed(7)
+        q = rnd(B, H, S, D, dt=dt); k = rnd(B, KH, S, D, dt=dt); v = rnd(B, KH, S, D, dt=dt); do = rnd(B, H, S, D, dt=dt)
+        out = torch.empty_like(q); lse = torch.empty((B, H, S), device="cuda")
+        fwd = runner(record(lambda: attn_fwd(q, k, v, None, True, out=out, lse=lse)))
+        fwd(); torch.cuda.synchronize()
+        bwd = runner(record(lambda: attn_bwd(q, k, v, out, lse, do, None, True)))
+        t_f, t_b = bench(fwd), bench(bwd)
+        res = {}
+        for backend in ("flash", "cudnn"):
+            qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+            fn = sdpa_fn(qq, kk, vv, True, backend)
+            if fn is None:
+                continue
+            step = lambda: torch.autograd.grad(fn(), (qq, kk, vv), do)
+            try:
+                step(); torch.cuda.synchronize()
+                res[backend] = bench(step)
+            except Exception as e:
+                print(f"  SDPA {backend} backward: unavailable ({type(e).__name__}: {str(e)[:120]})", flush=True)
+        t = t_f + t_b
+        f_, c_ = res.get("flash"), res.get("cudnn")
+        fmt = lambda x: f"{x:.3f}" if x else "-"
+        ratio = lambda x: f"{t / x:.2f}" if x else "-"
+        print(f"| B={B} H={H}/{KH} S={S} Dh={D} causal | {t_f:.3f} | {t_b:.3f} | {t:.3f} | {fmt(f_)} | {fmt(c_)} | "
+              f"{ratio(f_)} | {ratio(c_)} |", flush=True)
+        check(f"attnbwdperf B={B} S={S} Dh={D}: timed", True)
+
+
 def sdpa_fn(q, k, v, causal, backend):
     """torch SDPA on one backend; GQA through enable_gqa, else K/V expanded once outside the timed call."""
     from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -906,7 +1070,8 @@ def sanitize():
         for D in (64, 128):
             q = rnd(2, 8, 37, D, dt=dt); k = rnd(2, 2, 150, D, dt=dt); v = rnd(2, 2, 150, D, dt=dt)
             for causal in (True, False):
-                attn_fwd(q, k, v, _lens([150, 20]), causal)
+                out, lse = attn_fwd(q, k, v, _lens([150, 20]), causal)
+                attn_bwd(q, k, v, out, lse, rnd(2, 8, 37, D, dt=dt), _lens([150, 20]), causal)
                 attn_fwd(q[:, :, :1].contiguous(), k, v, _lens([149, 0]), causal)
     torch.cuda.synchronize()
     print("[PASS] sanitize workload ran", flush=True)
@@ -932,6 +1097,10 @@ if __name__ == "__main__":
         test_attn()
     if "attnperf" in ONLY:
         attn_perf()
+    if "attnbwd" in ONLY:
+        test_attn_bwd()
+    if "attnbwdperf" in ONLY:
+        attn_bwd_perf()
     torch.cuda.synchronize()
     nf = sum(1 for _, ok in RESULTS if not ok)
     print(f"SUMMARY: {len(RESULTS) - nf} PASS, {nf} FAIL", flush=True)

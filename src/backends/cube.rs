@@ -287,9 +287,9 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> InvariantB
     fn implementations(op: Op, device: &Self::Device, dtype: DType) -> Vec<Candidate> {
         let cubecl = cubecl_candidate::<R>(device, dtype);
         match op {
-            Op::Matmul | Op::LinearLogp => with_sm90::<R>(cubecl, device, dtype),
-            // No raw SM90 kernels for these ops: Hopper runs the CubeCL ones.
-            Op::Attention | Op::RmsNorm => vec![
+            Op::Matmul | Op::LinearLogp | Op::Attention => with_sm90::<R>(cubecl, device, dtype),
+            // No raw SM90 kernels for RMSNorm (memory-bound): Hopper runs the CubeCL ones.
+            Op::RmsNorm => vec![
                 cubecl,
                 Candidate::unavailable(
                     Implementation::Sm90,

@@ -145,15 +145,27 @@ fn query_rows<B: Backend>(
 
 /// KV-cache decode (one query at a time over the keys so far, garbage past them) = causal
 /// prefill = chunked prefill = the sequence alone, bitwise; reruns equal.
+/// At a head size of the portable kernels only (24) and at the Sm90 ones' (64, 128: 128-key
+/// blocks, so the positions straddle 64 and 128 and the chunks a block boundary).
 pub fn attention_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, dtype: DType) {
-    let (len, cap) = (70, 81);
+    for head_dim in [24, 64, 128] {
+        attention_decode_equals_prefill_at::<B>(device, dtype, head_dim);
+    }
+}
+
+fn attention_decode_equals_prefill_at<B: InvariantBackend>(
+    device: &B::Device,
+    dtype: DType,
+    head_dim: usize,
+) {
+    let (len, cap) = (140, 151);
     let d = Dims {
         batch: 1,
         heads: 4,
         kv_heads: 1,
         q_len: len,
         kv_len: len,
-        head_dim: 24,
+        head_dim,
     };
     let [q, k, v] = qkv::<B>(device, dtype, d, 21);
     let opts = AttentionOptions::default();
@@ -162,14 +174,14 @@ pub fn attention_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, 
     assert_bits_eq("attention rerun", &bits(again), &bits(prefill.clone()));
     // A cache of `cap` positions: the sequence, then NaN past it.
     let pad = float::<B, 4>(
-        vec![f32::NAN; (cap - len) * 24],
-        [1, 1, cap - len, 24],
+        vec![f32::NAN; (cap - len) * head_dim],
+        [1, 1, cap - len, head_dim],
         device,
         dtype,
     );
     let k_cache = Tensor::cat(vec![k.clone(), pad.clone()], 2);
     let v_cache = Tensor::cat(vec![v.clone(), pad], 2);
-    for t in [0, 1, 63, 64, 65, len - 1] {
+    for t in [0, 1, 63, 64, 65, 127, 128, 129, len - 1] {
         let step = attention(
             query_rows(q.clone(), 0, t..t + 1),
             k_cache.clone(),
@@ -179,31 +191,26 @@ pub fn attention_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, 
         )
         .unwrap();
         assert_bits_eq(
-            &format!("decode position {t} vs prefill"),
+            &format!("decode position {t} vs prefill (head_dim {head_dim})"),
             &bits(step),
             &bits(query_rows(prefill.clone(), 0, t..t + 1)),
         );
     }
-    // Chunked prefill: queries 0..30, then 30..70, each over the keys so far.
-    let first = attention(
-        query_rows(q.clone(), 0, 0..30),
-        k_cache.clone(),
-        v_cache.clone(),
-        Some(lens::<B>(&[30], device)),
-        &opts,
-    )
-    .unwrap();
-    let second = attention(
-        query_rows(q.clone(), 0, 30..len),
-        k_cache,
-        v_cache,
-        Some(lens::<B>(&[len], device)),
-        &opts,
-    )
-    .unwrap();
+    // Chunked prefill: queries 0..30, 30..130, 130..140, each over the keys so far.
+    let bounds = [0, 30, 130, len];
+    let chunks = bounds.windows(2).map(|w| {
+        attention(
+            query_rows(q.clone(), 0, w[0]..w[1]),
+            k_cache.clone(),
+            v_cache.clone(),
+            Some(lens::<B>(&[w[1]], device)),
+            &opts,
+        )
+        .unwrap()
+    });
     assert_bits_eq(
-        "chunked prefill vs one call",
-        &bits(Tensor::cat(vec![first, second], 2)),
+        &format!("chunked prefill vs one call (head_dim {head_dim})"),
+        &bits(Tensor::cat(chunks.collect(), 2)),
         &bits(prefill),
     );
 }
@@ -211,16 +218,26 @@ pub fn attention_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, 
 /// A sequence alone = the same sequence in a ragged batch (other rows longer and shorter, NaN
 /// past each row's keys), bitwise.
 pub fn attention_batch_invariance<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    for head_dim in [16, 64, 128] {
+        attention_batch_invariance_at::<B>(device, dtype, head_dim);
+    }
+}
+
+fn attention_batch_invariance_at<B: InvariantBackend>(
+    device: &B::Device,
+    dtype: DType,
+    head_dim: usize,
+) {
     let d = Dims {
         batch: 3,
         heads: 2,
         kv_heads: 2,
         q_len: 9,
-        kv_len: 100,
-        head_dim: 16,
+        kv_len: 200,
+        head_dim,
     };
     let [q, k, v] = qkv::<B>(device, dtype, d, 31);
-    let kv_lens = [100, 9, 41];
+    let kv_lens = [200, 9, 141];
     // NaN past each row's keys.
     let mask: Vec<f32> = (0..d.batch)
         .flat_map(|b| {
@@ -263,7 +280,7 @@ pub fn attention_batch_invariance<B: InvariantBackend>(device: &B::Device, dtype
         )
         .unwrap();
         assert_bits_eq(
-            &format!("row {b} alone vs in the ragged batch"),
+            &format!("row {b} alone vs in the ragged batch (head_dim {head_dim})"),
             &bits(alone),
             &bits(query_rows(batch.clone(), b, 0..d.q_len)),
         );
@@ -295,13 +312,23 @@ pub fn attention_gradients<B: InvariantBackend + AutodiffBackend>(
     device: &B::Device,
     dtype: DType,
 ) {
+    for head_dim in [12, 64, 128] {
+        attention_gradients_at::<B>(device, dtype, head_dim);
+    }
+}
+
+fn attention_gradients_at<B: InvariantBackend + AutodiffBackend>(
+    device: &B::Device,
+    dtype: DType,
+    head_dim: usize,
+) {
     let d = Dims {
         batch: 2,
         heads: 4,
         kv_heads: 2,
         q_len: 7,
         kv_len: 69,
-        head_dim: 12,
+        head_dim,
     };
     let kv_lens = [69, 5];
     let [q, k, v] = qkv::<B>(device, dtype, d, 41);
@@ -323,9 +350,10 @@ pub fn attention_gradients<B: InvariantBackend + AutodiffBackend>(
     let scale = (1.0 / (d.head_dim as f64).sqrt()) as f32 as f64;
     let (wq, wk, wv) = attention_grads_f64(&qv, &kvv, &vv, &upv, d, &kv_lens, scale);
     let tol = 10.0 * tolerance(dtype);
-    assert_close("dQuery", &values(dq), &wq, tol);
-    assert_close("dKey", &values(dk), &wk, tol);
-    assert_close("dValue", &values(dv), &wv, tol);
+    for (what, got, want) in [("dQuery", dq, wq), ("dKey", dk, wk), ("dValue", dv, wv)] {
+        let what = format!("{what} (head_dim {head_dim})");
+        assert_close(&what, &values(got), &want, tol);
+    }
 }
 
 /// Causal attention gradients in f64.
@@ -376,11 +404,24 @@ fn attention_grads_f64(
 }
 
 /// Backward invariance as a trainer pads: a causal sequence of 20 alone vs right-padded to 25
-/// (NaN in the padding's queries, keys and values, zero upstream gradient there): dQuery,
-/// dKey and dValue of the real positions bitwise equal, zero at the padding; reruns equal.
+/// (other values in the padding's queries, keys and values, zero upstream gradient there):
+/// dQuery, dKey and dValue of the real positions bitwise equal, zero at the padding; reruns
+/// equal. The padding is NaN at head size 8 (the FMA kernels skip what a query does not see)
+/// and finite at 64, where tensor-core kernels (CubeCl's forward on CUDA, Sm90) multiply a key a
+/// query does not see by p = 0 (docs/CONTRACT.md, *attention semantics*).
 pub fn attention_backward_invariance<B: InvariantBackend + AutodiffBackend>(
     device: &B::Device,
     dtype: DType,
+) {
+    for head_dim in [8, 64] {
+        attention_backward_invariance_at::<B>(device, dtype, head_dim);
+    }
+}
+
+fn attention_backward_invariance_at<B: InvariantBackend + AutodiffBackend>(
+    device: &B::Device,
+    dtype: DType,
+    hd: usize,
 ) {
     let (len, padded) = (20, 25);
     let d = Dims {
@@ -389,11 +430,11 @@ pub fn attention_backward_invariance<B: InvariantBackend + AutodiffBackend>(
         kv_heads: 1,
         q_len: len,
         kv_len: len,
-        head_dim: 8,
+        head_dim: hd,
     };
     let [q, k, v] = qkv::<B>(device, dtype, d, 51);
     let mut rng = Rng::new(52);
-    let up = float::<B, 4>(rng.vec(2 * len * 8, 1.0), [1, 2, len, 8], device, dtype);
+    let up = float::<B, 4>(rng.vec(2 * len * hd, 1.0), [1, 2, len, hd], device, dtype);
     let opts = AttentionOptions::default();
     let [_, dq, dk, dv] =
         attention_grads([q.clone(), k.clone(), v.clone()], None, up.clone(), &opts);
@@ -403,25 +444,26 @@ pub fn attention_backward_invariance<B: InvariantBackend + AutodiffBackend>(
     assert_bits_eq("dValue rerun", &bits(dv2), &bits(dv.clone()));
     assert_bits_eq("dQuery rerun", &bits(dq2), &bits(dq.clone()));
     let extra = padded - len;
-    let nan = |heads: usize| {
-        float::<B, 4>(
-            vec![f32::NAN; heads * extra * 8],
-            [1, heads, extra, 8],
-            device,
-            dtype,
-        )
+    let mut garbage = Rng::new(53);
+    let mut filler = |heads: usize| {
+        let values = if hd == 8 {
+            vec![f32::NAN; heads * extra * hd]
+        } else {
+            garbage.vec(heads * extra * hd, 8.0)
+        };
+        float::<B, 4>(values, [1, heads, extra, hd], device, dtype)
     };
-    let pad = |t: Tensor<B, 4>, heads: usize| Tensor::cat(vec![t, nan(heads)], 2);
+    let mut pad = |t: Tensor<B, 4>, heads: usize| Tensor::cat(vec![t, filler(heads)], 2);
     let up_pad = Tensor::cat(
-        vec![up, Tensor::zeros([1, 2, extra, 8], (device, dtype))],
+        vec![up, Tensor::zeros([1, 2, extra, hd], (device, dtype))],
         2,
     );
     let [_, dq_pad, dk_pad, dv_pad] =
         attention_grads([pad(q, 2), pad(k, 1), pad(v, 1)], None, up_pad, &opts);
     let real =
-        |t: Tensor<B::InnerBackend, 4>, heads: usize| t.slice([0..1, 0..heads, 0..len, 0..8]);
+        |t: Tensor<B::InnerBackend, 4>, heads: usize| t.slice([0..1, 0..heads, 0..len, 0..hd]);
     let tail = |t: Tensor<B::InnerBackend, 4>, heads: usize| {
-        values(t.slice([0..1, 0..heads, len..padded, 0..8]))
+        values(t.slice([0..1, 0..heads, len..padded, 0..hd]))
     };
     assert_bits_eq(
         "dKey with right padding",

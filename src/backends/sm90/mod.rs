@@ -5,6 +5,7 @@
 //!
 //! The functions here take the `CubeBackend<R>` primitives the registry routed to `Sm90`
 //! (which it does only on CUDA) and run them as cubecl-cuda tensors.
+mod attention;
 mod gemm;
 mod logp;
 mod nvrtc;
@@ -103,6 +104,30 @@ pub(crate) fn check_problem(problem: Problem) -> Result<(), String> {
         Problem::LinearLogp { d: 0, .. } => {
             Err("the Sm90 linear_logp kernels need a hidden size D >= 1".into())
         }
+        Problem::Attention { head_dim, .. } if !attention::HEAD_DIMS.contains(&head_dim) => {
+            Err(format!(
+                "the Sm90 attention kernels take head_dim {:?}, got {head_dim} (CubeCl serves it)",
+                attention::HEAD_DIMS
+            ))
+        }
+        Problem::Attention {
+            batch,
+            heads,
+            kv_heads,
+            q_len,
+            kv_len,
+            ..
+        } if batch
+            .saturating_mul(heads)
+            .saturating_mul(q_len)
+            .max(batch.saturating_mul(kv_heads).saturating_mul(kv_len))
+            > DIM_LIMIT =>
+        {
+            Err(format!(
+                "the Sm90 attention kernels index up to {DIM_LIMIT} query rows (B·H·Q) and \
+                 key rows (B·KH·KV)"
+            ))
+        }
         Problem::Matmul { m, k, n } | Problem::LinearLogp { n: m, d: k, v: n }
             if m.max(k).max(n) > DIM_LIMIT =>
         {
@@ -200,6 +225,42 @@ pub(crate) fn linear_logp_backward<R: CubeRuntime, B: CubePrimitives<R>>(
         weight: request.weight.then(|| back(d_weight)),
         bias: d_bias.filter(|_| request.bias).map(back),
     }
+}
+
+/// Attention forward: `(out, lse)`.
+pub(crate) fn attention<R: CubeRuntime>(
+    [query, key, value]: [CubeTensor<R>; 3],
+    kv_lens: CubeTensor<R>,
+    causal: bool,
+    scale: f32,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (out, lse) = attention::attention(
+        cuda(query),
+        cuda(key),
+        cuda(value),
+        cuda(kv_lens),
+        causal,
+        scale,
+    );
+    (back(out), back(lse))
+}
+
+/// Attention backward from the forward's `out`, `lse` and the upstream `grad`: `[dq, dk, dv]`.
+pub(crate) fn attention_backward<R: CubeRuntime>(
+    inputs: [CubeTensor<R>; 3],
+    kv_lens: CubeTensor<R>,
+    saved: [CubeTensor<R>; 3],
+    causal: bool,
+    scale: f32,
+) -> [CubeTensor<R>; 3] {
+    attention::attention_backward(
+        inputs.map(cuda),
+        cuda(kv_lens),
+        saved.map(cuda),
+        causal,
+        scale,
+    )
+    .map(back)
 }
 
 #[cfg(test)]

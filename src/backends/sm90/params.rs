@@ -54,6 +54,27 @@ pub(crate) struct LogpBwdParams {
     pub inv_t: f32,
 }
 
+/// `AttnParams` of `kernels/attention_sm90.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub(crate) struct AttnParams {
+    /// Batch rows.
+    pub b: u32,
+    /// Query heads.
+    pub h: u32,
+    /// KV heads (`h % kh == 0`).
+    pub kh: u32,
+    /// Queries per row.
+    pub q: u32,
+    /// Keys per row of key/value.
+    pub kv: u32,
+    /// `ATTN_CAUSAL`.
+    pub flags: u32,
+    /// Score scale.
+    pub scale: f32,
+    pub pad: u32,
+}
+
 /// `SyncParams` of `kernels/stream_sync.cu`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
@@ -140,6 +161,7 @@ mod tests {
     const GEMM: &str = include_str!("../../../kernels/gemm_sm90.cu");
     const LOGP: &str = include_str!("../../../kernels/linear_logp_sm90.cu");
     const SYNC: &str = include_str!("../../../kernels/stream_sync.cu");
+    const ATTN: &str = include_str!("../../../kernels/attention_sm90.cu");
 
     #[test]
     fn structs_match_the_cuda_sources() {
@@ -178,6 +200,19 @@ mod tests {
                 v0: u32,
                 ldz: u32,
                 inv_t: f32
+            })
+        );
+        assert_eq!(
+            c_layout(ATTN, "AttnParams"),
+            rust_layout!(AttnParams {
+                b: u32,
+                h: u32,
+                kh: u32,
+                q: u32,
+                kv: u32,
+                flags: u32,
+                scale: f32,
+                pad: u32
             })
         );
         assert_eq!(

@@ -268,19 +268,30 @@ fn gmma(kernel: &Kernel, src: &str) -> Option<([u64; 6], u64)> {
     Some((config, extra))
 }
 
-/// The `ib::AttnCfg<T, D, BN, ST>` arguments of an attention kernel (its own shared-memory layout,
-/// not `ib::Gmma`'s) and the dynamic shared memory of its `SMEM_BYTES == <n>` static_assert (which
-/// NVRTC checks against the layout).
-fn attn(kernel: &Kernel) -> Option<(Vec<String>, u64)> {
+/// An attention kernel's own shared-memory layout (not `ib::Gmma`'s): the rows of its tile (the
+/// constant), `Dh` and the stages from `ib::AttnCfg<T, D, BN, ST>` (forward) or
+/// `ib::AttnBwdCfg<T, D, ST>` (backward), and the dynamic shared memory of its
+/// `SMEM_BYTES == <n>` static_assert (which NVRTC checks against the layout).
+fn attn(kernel: &Kernel) -> Option<(&'static str, u64, u64, u64)> {
     let text = &kernel.text;
-    let config = args(group(&text[text.find("AttnCfg<")? + 7..]).0);
+    let (rows, head_dim, stages) = match text.find("AttnCfg<") {
+        Some(at) => {
+            let config = args(group(&text[at + 7..]).0);
+            ("ATTN_Q_TILE", eval(&config[1]), eval(&config[3]))
+        }
+        None => {
+            let at = text.find("AttnBwdCfg<")?;
+            let config = args(group(&text[at + 10..]).0);
+            ("ATTN_BWD_TILE", eval(&config[1]), eval(&config[2]))
+        }
+    };
     let (_, rest) = text.split_once("SMEM_BYTES == ")?;
     let smem = rest
         .split(|c: char| !c.is_ascii_digit())
         .next()?
         .parse()
         .ok()?;
-    Some((config, smem))
+    Some((rows, head_dim, stages, smem))
 }
 
 /// The table's line of `name`.
@@ -298,11 +309,11 @@ fn check_shape(kernel: &Kernel, (entry, line): (Entry, &[u8]), src: &str) {
         .iter()
         .any(|t| t.contains("extern __shared__"));
     let [rows, cols] = entry.tile;
-    if let Some((config, smem)) = attn(kernel) {
-        // tile: query rows (ATTN_Q_TILE) x Dh; stages: the K/V ring
-        assert_eq!(rows, table::constant("ATTN_Q_TILE"), "{name}: tile rows");
-        assert_eq!(cols as u64, eval(&config[1]), "{name}: tile columns vs Dh");
-        assert_eq!(stages, eval(&config[3]), "{name}: stages vs the K/V ring");
+    if let Some((tile_rows, head_dim, ring, smem)) = attn(kernel) {
+        // tile: query rows or keys per CTA x Dh; stages: the operand ring
+        assert_eq!(rows, table::constant(tile_rows), "{name}: tile rows");
+        assert_eq!(cols as u64, head_dim, "{name}: tile columns vs Dh");
+        assert_eq!(stages, ring, "{name}: stages vs the operand ring");
         assert_eq!(
             entry.smem as u64, smem,
             "{name}: dynamic shared memory vs its static_assert"

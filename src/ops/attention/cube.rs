@@ -1,5 +1,5 @@
-//! `CubeCl` attention on every `CubeBackend` (the registry offers no Sm90 kernels for it): the
-//! FMA kernels of `burn_invariant_cubecl::attention`, outputs and workspace allocated on the
+//! Attention on every `CubeBackend`: the kernels of `burn_invariant_cubecl::attention`, and on
+//! CUDA the raw Sm90 ones (`crate::backends::sm90`); outputs and workspace allocated on the
 //! inputs' stream.
 use burn::tensor::{
     DType, IntDType,
@@ -25,8 +25,22 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
 {
     fn invariant_attention(
         inputs: AttentionInputs<Self>,
-        _implementation: Implementation,
+        implementation: Implementation,
     ) -> AttentionOutput<Self> {
+        #[cfg(feature = "cuda")]
+        if implementation == Implementation::Sm90 {
+            let kv_lens = Self::int_cast(inputs.kv_lens, IntDType::I32);
+            let (out, lse) = crate::backends::sm90::attention(
+                [inputs.query, inputs.key, inputs.value],
+                kv_lens,
+                inputs.causal,
+                inputs.scale,
+            );
+            return AttentionOutput { out, lse };
+        }
+        // Reference is not offered here, nor Sm90 without the `cuda` feature: a direct call
+        // with either runs the CubeCL kernels.
+        let _ = implementation;
         let q_shape = inputs.query.meta.shape().to_vec();
         let out = empty(&inputs.query, q_shape.clone(), inputs.query.dtype);
         let lse = empty(&inputs.query, q_shape[..3].to_vec(), DType::F32);
@@ -60,8 +74,21 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
         inputs: AttentionInputs<Self>,
         saved: AttentionOutput<Self>,
         grad: FloatTensor<Self>,
-        _implementation: Implementation,
+        implementation: Implementation,
     ) -> AttentionGrads<Self> {
+        #[cfg(feature = "cuda")]
+        if implementation == Implementation::Sm90 {
+            let kv_lens = Self::int_cast(inputs.kv_lens, IntDType::I32);
+            let [query, key, value] = crate::backends::sm90::attention_backward(
+                [inputs.query, inputs.key, inputs.value],
+                kv_lens,
+                [saved.out, saved.lse, grad],
+                inputs.causal,
+                inputs.scale,
+            );
+            return AttentionGrads { query, key, value };
+        }
+        let _ = implementation;
         let q_shape = inputs.query.meta.shape().to_vec();
         let kv_shape = inputs.key.meta.shape().to_vec();
         let dtype = inputs.query.dtype;

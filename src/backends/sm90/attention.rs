@@ -1,0 +1,218 @@
+//! The SM90 attention (`kernels/attention_sm90.cu`, README "Attention forward" and "Attention
+//! backward"). Forward: one CTA per 128 packed query rows of one (batch row, KV head) group, keys
+//! in fixed blocks from key 0. Backward: a pre-pass per query row, then `dQ` per query tile (keys
+//! ascending) and `dK`/`dV` per 128-key block (query heads, then query blocks ascending).
+use burn::tensor::{DType, FloatDType, Shape, ops::FloatTensorOps};
+use burn_cubecl::kernel::into_contiguous;
+
+use super::nvrtc::launch;
+use super::operand::TmaOperand;
+use super::params::AttnParams;
+use super::table::{Entry, constant, entry};
+use crate::backends::alloc::{empty, zeros};
+use crate::backends::cuda::{CudaOps, CudaTensor};
+
+const ATTN_CAUSAL: u32 = constant("ATTN_CAUSAL") as u32;
+
+/// Head sizes the kernels are built for.
+pub(crate) const HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Query rows of one CTA.
+const Q_TILE: usize = constant("ATTN_Q_TILE");
+
+/// Keys per CTA of the `dK`/`dV` kernel.
+const KEY_TILE: usize = constant("ATTN_BWD_TILE");
+
+/// The launches of one (dtype, head size).
+#[derive(Clone, Copy)]
+struct Kernels {
+    forward: Entry,
+    prep: Entry,
+    dq: Entry,
+    dkdv: Entry,
+}
+
+fn kernels(dtype: DType, head_dim: usize) -> Kernels {
+    match (dtype, head_dim) {
+        (DType::BF16, 64) => Kernels {
+            forward: entry!("ib_attn_fwd_bf16_d64"),
+            prep: entry!("ib_attn_bwd_prep_bf16_d64"),
+            dq: entry!("ib_attn_bwd_dq_bf16_d64"),
+            dkdv: entry!("ib_attn_bwd_dkdv_bf16_d64"),
+        },
+        (DType::BF16, 128) => Kernels {
+            forward: entry!("ib_attn_fwd_bf16_d128"),
+            prep: entry!("ib_attn_bwd_prep_bf16_d128"),
+            dq: entry!("ib_attn_bwd_dq_bf16_d128"),
+            dkdv: entry!("ib_attn_bwd_dkdv_bf16_d128"),
+        },
+        (DType::F16, 64) => Kernels {
+            forward: entry!("ib_attn_fwd_f16_d64"),
+            prep: entry!("ib_attn_bwd_prep_f16_d64"),
+            dq: entry!("ib_attn_bwd_dq_f16_d64"),
+            dkdv: entry!("ib_attn_bwd_dkdv_f16_d64"),
+        },
+        (DType::F16, 128) => Kernels {
+            forward: entry!("ib_attn_fwd_f16_d128"),
+            prep: entry!("ib_attn_bwd_prep_f16_d128"),
+            dq: entry!("ib_attn_bwd_dq_f16_d128"),
+            dkdv: entry!("ib_attn_bwd_dkdv_f16_d128"),
+        },
+        other => unreachable!(
+            "the registry admits Sm90 attention for bf16/f16 at Dh 64/128, got {other:?}"
+        ),
+    }
+}
+
+/// `t [d0, d1, d2, dh]` as a contiguous `[d0·d1·d2, dh]` TMA operand.
+fn rows_operand(t: CudaTensor) -> TmaOperand {
+    let shape = t.meta.shape().to_vec();
+    let rows = shape[..3].iter().product::<usize>();
+    let t = CudaOps::float_reshape(into_contiguous(t), Shape::new([rows, shape[3]]));
+    TmaOperand::new(t)
+}
+
+/// Forward: `(out [B, H, Q, Dh], lse [B, H, Q] f32)`. `kv_lens` is `[B]` i32.
+pub(crate) fn attention(
+    query: CudaTensor,
+    key: CudaTensor,
+    value: CudaTensor,
+    kv_lens: CudaTensor,
+    causal: bool,
+    scale: f32,
+) -> (CudaTensor, CudaTensor) {
+    let [b, h, q, dh]: [usize; 4] = query.meta.shape().to_vec().try_into().expect("rank 4");
+    let [_, kh, kv, _]: [usize; 4] = key.meta.shape().to_vec().try_into().expect("rank 4");
+    let dtype = query.dtype;
+    if b * h * q == 0 || kv == 0 {
+        // No query, or no key: every query sits at a negative position (zeros, lse = −∞).
+        let out = zeros(&query, vec![b, h, q, dh], dtype);
+        let lse = if b * h * q == 0 {
+            empty(&query, vec![b, h, q], DType::F32)
+        } else {
+            CudaOps::float_full(
+                Shape::new([b, h, q]),
+                f32::NEG_INFINITY.into(),
+                &query.device,
+                FloatDType::F32,
+            )
+        };
+        return (out, lse);
+    }
+    let out = empty(&query, vec![b, h, q, dh], dtype);
+    let lse = empty(&query, vec![b, h, q], DType::F32);
+    let kv_lens = into_contiguous(kv_lens);
+    let (query, key, value) = (rows_operand(query), rows_operand(key), rows_operand(value));
+    let params = AttnParams {
+        b: b as u32,
+        h: h as u32,
+        kh: kh as u32,
+        q: q as u32,
+        kv: kv as u32,
+        flags: if causal { ATTN_CAUSAL } else { 0 },
+        scale,
+        pad: 0,
+    };
+    let grid = b * kh * (h / kh * q).div_ceil(Q_TILE);
+    let maps = vec![
+        query.map(0, b * h * q),
+        key.map(0, b * kh * kv),
+        value.map(0, b * kh * kv),
+    ];
+    // The operands are buffers too: cubecl orders only buffer arguments across streams.
+    let buffers = vec![
+        query.binding(),
+        key.binding(),
+        value.binding(),
+        kv_lens.handle.clone().binding(),
+        out.handle.clone().binding(),
+        lse.handle.clone().binding(),
+    ];
+    let forward = kernels(dtype, dh).forward;
+    launch(&out.client, forward, grid, maps, buffers, &params);
+    (out, lse)
+}
+
+/// Backward from the forward's `out` and `lse` and the upstream `grad`: `(dq, dk, dv)`.
+pub(crate) fn attention_backward(
+    [query, key, value]: [CudaTensor; 3],
+    kv_lens: CudaTensor,
+    [out, lse, grad]: [CudaTensor; 3],
+    causal: bool,
+    scale: f32,
+) -> [CudaTensor; 3] {
+    let [b, h, q, dh]: [usize; 4] = query.meta.shape().to_vec().try_into().expect("rank 4");
+    let [_, kh, kv, _]: [usize; 4] = key.meta.shape().to_vec().try_into().expect("rank 4");
+    let dtype = query.dtype;
+    if b * h * q == 0 || kv == 0 {
+        // No query or no key: nothing is seen, every gradient is zero.
+        return [
+            zeros(&query, vec![b, h, q, dh], dtype),
+            zeros(&query, vec![b, kh, kv, dh], dtype),
+            zeros(&query, vec![b, kh, kv, dh], dtype),
+        ];
+    }
+    let k = kernels(dtype, dh);
+    let rows = b * h * q;
+    let params = AttnParams {
+        b: b as u32,
+        h: h as u32,
+        kh: kh as u32,
+        q: q as u32,
+        kv: kv as u32,
+        flags: if causal { ATTN_CAUSAL } else { 0 },
+        scale,
+        pad: 0,
+    };
+    let client = query.client.clone();
+    let dense = |t: CudaTensor| CudaOps::float_reshape(into_contiguous(t), Shape::new([rows, dh]));
+    let (query, out, grad) = (dense(query), dense(out), dense(grad));
+    let (lse, kv_lens) = (into_contiguous(lse), into_contiguous(kv_lens));
+    // Pre-pass: per query row {lse·log2 e, δ = dO·O, visible keys}, and Q with padding rows zeroed.
+    let qz = empty(&query, vec![rows, dh], dtype);
+    let row_info = empty(&query, vec![rows, 4], DType::F32);
+    let buffers = [&kv_lens, &query, &out, &grad, &lse, &qz, &row_info];
+    let buffers = buffers.map(|t| t.handle.clone().binding()).to_vec();
+    launch(
+        &client,
+        k.prep,
+        rows.div_ceil(k.prep.tile[0]),
+        vec![],
+        buffers,
+        &params,
+    );
+    let dq = empty(&query, vec![b, h, q, dh], dtype);
+    let dk = empty(&query, vec![b, kh, kv, dh], dtype);
+    let dv = empty(&query, vec![b, kh, kv, dh], dtype);
+    let (qz, query, grad) = (
+        TmaOperand::new(qz),
+        TmaOperand::new(query),
+        TmaOperand::new(grad),
+    );
+    let (key, value) = (rows_operand(key), rows_operand(value));
+    let key_rows = b * kh * kv;
+    let maps = |a: &TmaOperand| {
+        vec![
+            a.map(0, rows),
+            grad.map(0, rows),
+            key.map(0, key_rows),
+            value.map(0, key_rows),
+        ]
+    };
+    let operands =
+        |a: &TmaOperand| vec![a.binding(), grad.binding(), key.binding(), value.binding()];
+    let info = [&kv_lens, &row_info].map(|t| t.handle.clone().binding());
+    // dQ: the forward's tiles.
+    let mut buffers = operands(&query);
+    buffers.extend(info.clone());
+    buffers.push(dq.handle.clone().binding());
+    let grid = b * kh * (h / kh * q).div_ceil(Q_TILE);
+    launch(&client, k.dq, grid, maps(&query), buffers, &params);
+    // dK, dV: 128-key blocks.
+    let mut buffers = operands(&qz);
+    buffers.extend(info);
+    buffers.extend([&dk, &dv].map(|t| t.handle.clone().binding()));
+    let grid = b * kh * kv.div_ceil(KEY_TILE);
+    launch(&client, k.dkdv, grid, maps(&qz), buffers, &params);
+    [dq, dk, dv]
+}
