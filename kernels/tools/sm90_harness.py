@@ -11,7 +11,8 @@ and logp-backward parts separately), ksweep (time vs K), prof (one launch each, 
 shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
 bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
 attnperf (attention forward timings beside torch SDPA flash / cuDNN), attnbwd (attention backward: gradients vs
-f64, rerun, row alone = ragged batch, right padding), attnbwdperf (forward + backward beside SDPA's). Exit status 1
+f64, rerun, row alone = ragged batch, right padding), attnbwdperf (forward + backward beside SDPA's), attnlong
+(decode at B 1 and 8 over 32768 and 131072 keys beside SDPA). Exit status 1
 if any check fails.
 Needs no Rust build: the sources are compiled here through nvrtc_check's helpers (pip install torch and the
 nvidia-cuda-nvrtc 13.0 wheels, see nvrtc_check.py).
@@ -875,6 +876,8 @@ def attn_perf():
     # (label, B, H, KH, Q, KV, D, causal): prefill Q = KV (causal), decode Q = 1 over KV keys (sees all of them)
     shapes = [("prefill", 8, 32, 8, 2048, 2048, 128, True), ("prefill", 8, 32, 8, 4096, 4096, 128, True),
               ("prefill", 4, 32, 8, 4096, 4096, 64, True), ("decode", 64, 32, 8, 1, 4096, 128, True)]
+    if "attnlong" in ONLY:  # long-context decode at small batch (no split over keys yet: few CTAs)
+        shapes = [("decode", b, 32, 8, 1, kv, 128, True) for b in (1, 8) for kv in (32768, 131072)]
     for (label, B, H, KH, Q, KV, D, causal) in shapes:
         torch.manual_seed(5)
         q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
@@ -1095,7 +1098,7 @@ if __name__ == "__main__":
         perf_bwd_split()
     if "attn" in ONLY:
         test_attn()
-    if "attnperf" in ONLY:
+    if "attnperf" in ONLY or "attnlong" in ONLY:
         attn_perf()
     if "attnbwd" in ONLY:
         test_attn_bwd()
