@@ -17,6 +17,7 @@
 #define ATTN_Q_TILE 128        // query rows per CTA (2 consumer warpgroups x 64)
 #define ATTN_KEY_BLOCK_D64 128   // keys per block for Dh = 64 (part of the numerics: block boundaries)
 #define ATTN_KEY_BLOCK_D128 128  // keys per block for Dh = 128
+#define ATTN_SPLIT 4096          // keys per split of the split forwards (part of their numerics)
 
 // Maps (kernel parameters): tmQ = query as [B*H*Q, Dh], tmK = key and tmV = value as [B*KH*KV, Dh], all dense
 // row-major with boxes of 64 x 64 (README "Tensor maps").
@@ -147,7 +148,10 @@ struct AttnCfg {
   static constexpr int Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * D * 2;
   // barriers: q, z, then full_k, full_v, empty_k, empty_v per stage (at most 128 bytes)
   static constexpr int SMEM_BYTES = 1024 + Q_BYTES + ST * (K_BYTES + V_BYTES) + 128;
-  static_assert(D % 64 == 0 && BN % 64 == 0 && (2 + 4 * ST) * 8 <= 128, "AttnCfg");
+  // MODE 1 parks each consumer thread's running O (D/2 f32) after the barriers
+  static constexpr int SPLIT_SMEM_BYTES = SMEM_BYTES + 256 * (D / 2) * 4;
+  static constexpr int SPLIT_BLOCKS = ATTN_SPLIT / BN;
+  static_assert(D % 64 == 0 && BN % 64 == 0 && (2 + 4 * ST) * 8 <= 128 && ATTN_SPLIT % BN == 0, "AttnCfg");
   static_assert(BN == 128, "S = Q.K^T uses m64n128k16");
   static_assert(BM == 128, "two consumer warpgroups of 64 rows");
 };
@@ -229,11 +233,27 @@ __device__ __forceinline__ void attn_to_p(u32 (*pa)[4], const float* s) {
     for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
-template <class T, class C>
+// One split's state (its own online softmax from a fresh start) merged into the running state of the splits
+// before it: explicit IEEE ops, the same in attn_fwd_body MODE 1 and ib_attn_merge.
+__device__ __forceinline__ void attn_merge_scales(float M, float m, float& a, float& b) {
+  const float mn = max_nan(M, m);
+  a = M == mn ? 1.f : ex2(__fsub_rn(M, mn));
+  b = m == mn ? 1.f : ex2(__fsub_rn(m, mn));
+}
+__device__ __forceinline__ float attn_merge(float run, float a, float cur, float b) {
+  return __fadd_rn(__fmul_rn(run, a), __fmul_rn(cur, b));
+}
+
+// MODE 0: one pass over the row's keys. MODE 1: the same blocks, but the online softmax restarts every ATTN_SPLIT
+// keys and the splits merge in ascending order (the running O parked in shared memory). MODE 2: one split per
+// CTA (blockIdx.x = tile * nsplit + split), its unnormalised (m, l per quad lane, O) to the workspaces, merged by
+// ib_attn_merge. MODES 1 and 2 give the same bits; MODE 0 equals them for rows that see at most ATTN_SPLIT keys.
+template <class T, class C, int MODE>
 __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc* tmK, const TmaDesc* tmV,
                                               const AttnParams& p, const int* __restrict__ kv_lens,
-                                              T* __restrict__ out, float* __restrict__ lse) {
-  constexpr int BM = C::BM, BN = C::BN, D = C::D, ST = C::ST, DC = C::DC, KC = C::KC;
+                                              T* __restrict__ out, float* __restrict__ lse,
+                                              float* __restrict__ ws_o, float* __restrict__ ws_ml) {
+  constexpr int BM = C::BM, BN = C::BN, D = C::D, ST = C::ST, DC = C::DC, KC = C::KC, SB = C::SPLIT_BLOCKS;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const sq = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
   unsigned char* const sk = sq + C::Q_BYTES;
@@ -248,8 +268,10 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   // ---- the tile (same in every thread): group (b, kvh), rows [r0, r0 + nrow) of its G*Q packed rows
   const int H = (int)p.H, KH = (int)p.KH, Q = (int)p.Q, KV = (int)p.KV;
   const int G = H / KH, grows = G * Q, nmt = cdiv(grows, BM);
-  const int bk = (int)blockIdx.x / nmt;                       // b * KH + kvh
-  const int mt = nmt - 1 - ((int)blockIdx.x - bk * nmt);      // later (longer, causal) tiles launch first
+  const int nsp = MODE == 2 ? cdiv(KV, ATTN_SPLIT) : 1;
+  const int tile = (int)blockIdx.x / nsp, sp = (int)blockIdx.x - tile * nsp;
+  const int bk = tile / nmt;                                  // b * KH + kvh
+  const int mt = nmt - 1 - (tile - bk * nmt);                 // later (longer, causal) tiles launch first
   const int b = bk / KH, kvh = bk - b * KH;
   const int r0 = mt * BM, nrow = min(BM, grows - r0);
   const int kvl = min(max(kv_lens[b], 0), KV);
@@ -263,6 +285,8 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   const int maxlim = pmax < 0 ? 0 : (causal ? pmax + 1 : kvl);
   const int nblk = cdiv(maxlim, BN);
   const int nact = nrow > 64 ? 2 : 1;  // consumer warpgroups with at least one real row
+  // the CTA's blocks [n0, n1): all, or one split's (MODE 2; none: nothing to write, no row of the merge reads it)
+  const int n0 = MODE == 2 ? sp * SB : 0, n1 = MODE == 2 ? min(nblk, n0 + SB) : nblk, nb = n1 - n0;
 
   const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
   if (threadIdx.x == 0) {
@@ -284,7 +308,7 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   if (wg == 0) {
     // ---------------------------------------------------------------- producer (warp 0; warps 1-3 leave)
     reg_dealloc<40>();
-    if (tid >= 32 || nblk == 0) return;
+    if (tid >= 32 || nb <= 0) return;
     const int lane = tid;
     if (lane == 0) {
       mbar_expect_tx(bar_q, nact * 64 * D * 2);
@@ -292,9 +316,9 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
 #pragma unroll
         for (int dc = 0; dc < DC; ++dc) tma_load_2d(sq + (dc * 2 + c) * 8192, tmQ, bar_q, dc * 64, qrow0 + 64 * c);
     }
-    for (int n = 0; n < nblk; ++n) {
-      const int st = n % ST;
-      const u32 ph = (u32)(n / ST) & 1u;
+    for (int n = n0; n < n1; ++n) {
+      const int st = (n - n0) % ST;
+      const u32 ph = (u32)((n - n0) / ST) & 1u;
       const int key0 = krow0 + n * BN;
       // only the tile's last block can hold keys >= kv_len (nblk * BN < kvl + BN); their V rows are in-bounds
       // garbage (another head or batch row) or TMA zero-fill: zeroed below so that p = 0 meets finite V
@@ -358,13 +382,34 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   u32 pa[BN / 16][4];
 #pragma unroll
   for (int k = 0; k < D / 2; ++k) o[k] = 0.f;
+  // MODE 1: the running state of the splits before the current one (O in shared memory, one slot per thread)
+  float run_m[2] = {IB_NEG_INF, IB_NEG_INF}, run_l[2] = {0.f, 0.f};
+  float* const run = (float*)((unsigned char*)bar_q + 128) + c * 128 + tid;  // element k at run[256 k]
+  auto fold = [&](int spi, const float* mm, const float* ll) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (spi * ATTN_SPLIT >= lim[i]) continue;  // the row sees no key of this split
+      float a = 1.f, b = 1.f;
+      if (spi > 0) attn_merge_scales(run_m[i], mm[i], a, b);
+      run_m[i] = spi > 0 ? max_nan(run_m[i], mm[i]) : mm[i];
+      run_l[i] = spi > 0 ? attn_merge(run_l[i], a, ll[i], b) : ll[i];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int k = 4 * j + 2 * i + h;
+          run[256 * k] = spi > 0 ? attn_merge(run[256 * k], a, o[k], b) : o[k];
+        }
+    }
+  };
 
-  if (nblk > 0) {
+  if (nb > 0) {
     const u32 qa = smem_addr(sq + c * 8192), ka = smem_addr(sk), va = smem_addr(sv);
     // ping-pong turns: nblk + 1 batches per warpgroup; the second lets the first go first and skips its last pass.
     // Dh 128 only: at Dh 64 the softmax outweighs the MMAs and the turns cost more than they overlap (H100:
     // 1.43x -> 1.58x cuDNN at S 4096, while Dh 128 went 1.47x -> 1.39x and 1.37x -> 1.31x).
     const bool pp = nact == 2 && D == 128;
+    const int kb0 = n0 * BN;
     if (pp && c == 1) pingpong_pass(c);
     mbar_wait(bar_q, 0);
     // block 0
@@ -375,12 +420,15 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
     wgmma_wait<0>();
     fence_regs<BN / 2>(s);
     if (tid == 0) mbar_arrive(&empty_k[0]);
-    attn_softmax<C>(s, m, l, alpha, lim, 0, q, sl2);  // alpha unused: o = 0
+    attn_softmax<C>(s, m, l, alpha, lim, kb0, q, sl2);  // alpha unused: o = 0
     attn_to_p<T, C>(pa, s);
-    // block n: S_n issued before O += P_{n-1} V_{n-1}, so the softmax of n overlaps that wgmma
-    for (int n = 1; n < nblk; ++n) {
-      const int st = n % ST, pst = (n - 1) % ST;
-      const u32 ph = (u32)(n / ST) & 1u, pph = (u32)((n - 1) / ST) & 1u;
+    // block n (ring slot t = n - n0): S_n issued before O += P_{n-1} V_{n-1}, so the softmax of n overlaps that wgmma
+    for (int t = 1; t < nb; ++t) {
+      const int n = n0 + t, st = t % ST, pst = (t - 1) % ST;
+      const u32 ph = (u32)(t / ST) & 1u, pph = (u32)((t - 1) / ST) & 1u;
+      // MODE 1, first block of a split: its softmax starts fresh; the finished split folds in below
+      const bool boundary = MODE == 1 && n % SB == 0;
+      float ms[2], ls[2];
       mbar_wait(&full_k[st], ph);
       mbar_wait(&full_v[pst], pph);
       if (pp) pingpong_wait(c);
@@ -392,21 +440,36 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
       wgmma_wait<1>();  // S_n done
       fence_regs<BN / 2>(s);
       if (tid == 0) mbar_arrive(&empty_k[st]);
+      if (boundary) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          ms[i] = m[i];
+          ls[i] = l[i];
+          m[i] = IB_NEG_INF;
+          l[i] = 0.f;
+        }
+      }
       attn_softmax<C>(s, m, l, alpha, lim, n * BN, q, sl2);
       wgmma_wait<0>();  // O += P_{n-1} V_{n-1} done
       fence_regs<D / 2>(o);
       fence_regs<BN / 2>(s);  // the P registers are rewritten only after this point
       if (tid == 0) mbar_arrive(&empty_v[pst]);
+      if (boundary) {
+        fold(n / SB - 1, ms, ls);
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[4 * j] = __fmul_rn(o[4 * j], alpha[0]);
-        o[4 * j + 1] = __fmul_rn(o[4 * j + 1], alpha[0]);
-        o[4 * j + 2] = __fmul_rn(o[4 * j + 2], alpha[1]);
-        o[4 * j + 3] = __fmul_rn(o[4 * j + 3], alpha[1]);
+        for (int k = 0; k < D / 2; ++k) o[k] = 0.f;
+      } else {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[4 * j] = __fmul_rn(o[4 * j], alpha[0]);
+          o[4 * j + 1] = __fmul_rn(o[4 * j + 1], alpha[0]);
+          o[4 * j + 2] = __fmul_rn(o[4 * j + 2], alpha[1]);
+          o[4 * j + 3] = __fmul_rn(o[4 * j + 3], alpha[1]);
+        }
       }
       attn_to_p<T, C>(pa, s);
     }
-    const int last = nblk - 1, lst = last % ST;
+    const int last = nb - 1, lst = last % ST;
     mbar_wait(&full_v[lst], (u32)(last / ST) & 1u);
     if (pp) pingpong_wait(c);
     fence_regs<D / 2>(o);
@@ -416,6 +479,33 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
     wgmma_wait<0>();
     fence_regs<D / 2>(o);
     if (tid == 0) mbar_arrive(&empty_v[lst]);
+    if (MODE == 1 && nblk > SB) {
+      // the last split folds in; the running state is the row's
+      fold((nblk - 1) / SB, m, l);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        m[i] = run_m[i];
+        l[i] = run_l[i];
+      }
+#pragma unroll
+      for (int k = 0; k < D / 2; ++k) o[k] = run[256 * k];
+    }
+  }
+  if (MODE == 2) {
+    // this split's state per valid row: m, l of each quad lane, unnormalised O (f32), for ib_attn_merge
+    if (nb <= 0) return;
+    const size_t rows = (size_t)p.B * p.H * p.Q;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!valid[i]) continue;
+      const size_t at = (size_t)sp * rows + orow[i];
+      if (q == 0) ws_ml[at * 5] = m[i];
+      ws_ml[at * 5 + 1 + q] = l[i];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *(float2*)(ws_o + at * D + 8 * j + 2 * q) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
+    }
+    return;
   }
 
   // ---- epilogue: l over the quad in a fixed tree, out = O / l (IEEE, -0 -> +0), lse = m ln 2 + ln l
@@ -454,6 +544,47 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   }
 }
 
+
+
+// Forward merge of MODE 2's splits, one warp per query row (lane: Dh/32 contiguous columns): the splits the row
+// sees, ascending, folded as attn_fwd_body MODE 1 folds them, then its epilogue's arithmetic.
+template <class T, int D>
+__device__ __forceinline__ void attn_merge_body(const AttnParams& p, int row, const int* __restrict__ kv_lens,
+                                                const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
+                                                T* __restrict__ out, float* __restrict__ lse) {
+  constexpr int E = D / 32;
+  const int Q = (int)p.Q;
+  const size_t rows = (size_t)p.B * p.H * p.Q;
+  if ((size_t)row >= rows) return;
+  const int lane = threadIdx.x & 31, b = row / (Q * (int)p.H), i = row % Q;
+  const int kvl = min(max(kv_lens[b], 0), (int)p.KV), pos = kvl - Q + i;
+  const bool live = pos >= 0;
+  const int lim = !live ? 0 : ((p.flags & ATTN_CAUSAL) ? pos + 1 : kvl);
+  float M = IB_NEG_INF, L[4] = {0.f, 0.f, 0.f, 0.f}, O[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) O[e] = 0.f;
+  for (int spi = 0; spi * ATTN_SPLIT < lim; ++spi) {
+    const size_t at = (size_t)spi * rows + row;
+    const float m = ws_ml[at * 5];
+    float a = 1.f, bb = 1.f;
+    if (spi > 0) attn_merge_scales(M, m, a, bb);
+    M = spi > 0 ? max_nan(M, m) : m;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) L[t] = spi > 0 ? attn_merge(L[t], a, ws_ml[at * 5 + 1 + t], bb) : ws_ml[at * 5 + 1 + t];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float x = ws_o[at * D + lane * E + e];
+      O[e] = spi > 0 ? attn_merge(O[e], a, x, bb) : x;
+    }
+  }
+  const float Ls = (L[0] + L[1]) + (L[2] + L[3]);
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    float x = live ? __fdiv_rn(O[e], Ls) : 0.f;
+    out[(size_t)row * D + lane * E + e] = from_f32<T>(x == 0.f ? 0.f : x);
+  }
+  if (lane == 0) lse[row] = live ? fmaf(M, 0.6931471805599453f, logf(Ls)) : IB_NEG_INF;
+}
 
 // =============================================================================================== backward
 // Three launches (README "Attention backward"): a pre-pass per query row, then dQ per query tile (keys
@@ -844,7 +975,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_body(const TmaDesc* tmQz, const Tm
            T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
     static_assert(ib::AttnCfg<T, D, BN, ST>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory");    \
     static_assert(ib::AttnCfg<T, D, BN, ST>::NTHREADS == 384, "entries.txt: threads");                     \
-    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse);               \
+    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>, 0>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
   }
 
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_bf16_d64)
@@ -858,6 +989,70 @@ IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d128)
 IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+#endif
+
+// Split forwards (README "Fixed splits"): ib_attn_fwd_split (MODE 1, the forward's grid and signature) and
+// ib_attn_fwd_part (MODE 2, grid B*KH*ceil(G*Q/128)*ceil(KV/ATTN_SPLIT), the split states to ws_o
+// [splits, B*H*Q, Dh] and ws_ml [splits, B*H*Q, 5] f32) + ib_attn_merge (one warp per query row).
+#define IB_ATTN_SPLIT_ENTRY(NAME, T, D, BN, ST, SMEM)                                                     \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
+      NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
+           const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
+           const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
+           T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
+    static_assert(ib::AttnCfg<T, D, BN, ST>::SPLIT_SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory"); \
+    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>, 1>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
+  }
+#define IB_ATTN_PART_ENTRY(NAME, T, D, BN, ST, SMEM)                                                      \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
+      NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
+           const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
+           const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
+           float* __restrict__ ws_o, float* __restrict__ ws_ml, const __grid_constant__ AttnParams p) {     \
+    static_assert(ib::AttnCfg<T, D, BN, ST>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory");    \
+    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>, 2>(&tmQ, &tmK, &tmV, p, kv_lens, nullptr, nullptr, ws_o, ws_ml); \
+  }
+#define IB_ATTN_MERGE_ENTRY(NAME, T, D)                                                                     \
+  extern "C" __global__ void __launch_bounds__(256)                                                           \
+      NAME(const int* __restrict__ kv_lens, const float* __restrict__ ws_o, const float* __restrict__ ws_ml,  \
+           T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {              \
+    ib::attn_merge_body<T, D>(p, (int)(blockIdx.x * 8 + (threadIdx.x >> 5)), kv_lens, ws_o, ws_ml, out, lse); \
+  }
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_bf16_d64)
+IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 115840)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_bf16_d64)
+IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_merge_bf16_d64)
+IB_ATTN_MERGE_ENTRY(ib_attn_merge_bf16_d64, __nv_bfloat16, 64)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_bf16_d128)
+IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 230528)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_bf16_d128)
+IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_merge_bf16_d128)
+IB_ATTN_MERGE_ENTRY(ib_attn_merge_bf16_d128, __nv_bfloat16, 128)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_f16_d64)
+IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 115840)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_f16_d64)
+IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_merge_f16_d64)
+IB_ATTN_MERGE_ENTRY(ib_attn_merge_f16_d64, __half, 64)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_f16_d128)
+IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 230528)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_f16_d128)
+IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_merge_f16_d128)
+IB_ATTN_MERGE_ENTRY(ib_attn_merge_f16_d128, __half, 128)
 #endif
 
 // Backward entry points (README "Attention backward"), per <T>_d<Dh>: ib_attn_bwd_prep (one warp per query row),

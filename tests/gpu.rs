@@ -227,6 +227,16 @@ mod cuda {
             let Some(device) = device() else { return };
             super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
         }
+
+        #[test]
+        #[serial]
+        fn attention_long_decode_equals_prefill() {
+            let Some(device) = device() else { return };
+            common::ops::attention_long_decode_equals_prefill::<B>(
+                &device,
+                burn::tensor::DType::BF16,
+            );
+        }
     }
 
     mod fusion {

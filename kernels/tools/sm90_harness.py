@@ -11,8 +11,9 @@ and logp-backward parts separately), ksweep (time vs K), prof (one launch each, 
 shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
 bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
 attnperf (attention forward timings beside torch SDPA flash / cuDNN), attnbwd (attention backward: gradients vs
-f64, rerun, row alone = ragged batch, right padding), attnbwdperf (forward + backward beside SDPA's), attnlong
-(decode at B 1 and 8 over 32768 and 131072 keys beside SDPA). Exit status 1
+f64, rerun, row alone = ragged batch, right padding), attnbwdperf (forward + backward beside SDPA's), attnsplit
+(the split forwards: in-CTA merge = per-split CTAs + merge, = the plain forward within one split, decode =
+prefill), attnlong (decode at B 1 and 8 over 32768 and 131072 keys, plain and split, beside SDPA). Exit status 1
 if any check fails.
 Needs no Rust build: the sources are compiled here through nvrtc_check's helpers (pip install torch and the
 nvidia-cuda-nvrtc 13.0 wheels, see nvrtc_check.py).
@@ -467,9 +468,13 @@ def test_logp():
 ATTN_CAUSAL = CONSTANTS["ATTN_CAUSAL"]
 
 
-def attn_fwd(q, k, v, kv_lens=None, causal=True, scale=None, out=None, lse=None):
+ATTN_SPLIT = CONSTANTS["ATTN_SPLIT"]
+
+
+def attn_fwd(q, k, v, kv_lens=None, causal=True, scale=None, out=None, lse=None, kind=""):
     """ib_attn_fwd_<T>_d<Dh> (README 'Attention'): q [B,H,Q,Dh], k/v [B,KH,KV,Dh] contiguous, kv_lens int32 [B]
-    (None: KV). Returns (out [B,H,Q,Dh] in q's dtype, lse [B,H,Q] f32); out/lse are NaN-filled first unless given."""
+    (None: KV). Returns (out [B,H,Q,Dh] in q's dtype, lse [B,H,Q] f32); out/lse are NaN-filled first unless given.
+    kind "split_": the forward merging fixed splits of ATTN_SPLIT keys; "part_": one CTA per split + the merge."""
     B, H, Q, D = q.shape
     KH, KV = k.shape[1], k.shape[2]
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and H % KH == 0 and KV >= 1
@@ -481,13 +486,21 @@ def attn_fwd(q, k, v, kv_lens=None, causal=True, scale=None, out=None, lse=None)
         out = torch.full_like(q, float("nan"))
     if lse is None:
         lse = torch.full((B, H, Q), float("nan"), device="cuda")
-    name = f"ib_attn_fwd_{sfx(q.dtype)}_d{D}"
+    name = f"ib_attn_fwd_{kind}{sfx(q.dtype)}_d{D}"
     e = ENTRIES[name]
     G = H // KH
     grid = B * KH * -(-(G * Q) // e.rows)  # one CTA per (batch row, KV head, 128 packed query rows)
     maps = [tmap(q, B * H * Q, D, D), tmap(k, B * KH * KV, D, D), tmap(v, B * KH * KV, D, D)]
     params = struct.pack("<IIIIIIfI", B, H, KH, Q, KV, ATTN_CAUSAL if causal else 0, scale, 0)
-    launch(name, grid, maps, [q, k, v, q, k, v, kv_lens, out, lse], params)
+    if kind != "part_":
+        launch(name, grid, maps, [q, k, v, q, k, v, kv_lens, out, lse], params)
+        return out, lse
+    # one CTA per (tile, split), then the merge: a warp per query row
+    nsp, rows = -(-KV // ATTN_SPLIT), B * H * Q
+    ws_o = torch.empty(nsp * rows * D, device="cuda")
+    ws_ml = torch.empty(nsp * rows * 5, device="cuda")
+    launch(name, grid * nsp, maps, [q, k, v, q, k, v, kv_lens, ws_o, ws_ml], params)
+    launch(f"ib_attn_merge_{sfx(q.dtype)}_d{D}", -(-rows // 8), [], [kv_lens, ws_o, ws_ml, out, lse], params)
     return out, lse
 
 
@@ -840,6 +853,92 @@ def attn_bwd_perf():
         check(f"attnbwdperf B={B} S={S} Dh={D}: timed", True)
 
 
+def test_attn_split():
+    """The split forwards (README 'Fixed splits'): in-CTA merge (split_) = one CTA per split + merge (part_),
+    bitwise, on rows that cross splits; both = the plain forward on rows within one split; decode = prefill."""
+    _watchdog("attnsplit")
+    torch.manual_seed(8)
+    for dt in (torch.bfloat16, torch.float16):
+        tol = 1e-2 if dt == torch.bfloat16 else 4e-3
+        for D in (64, 128):
+            for causal in (True, False):
+                tag = f"{sfx(dt)} d{D} {'causal' if causal else 'full'}"
+                # within one split: the same bits as the plain forward
+                for (B, H, KH, Q, KV, L) in ((3, 8, 2, 37, 150, [150, 0, 20]), (2, 8, 2, 300, 700, [700, 333])):
+                    q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
+                    lens = _lens(L)
+                    ref = attn_fwd(q, k, v, lens, causal)
+                    ok = all(torch.equal(a, b) for kind in ("split_", "part_")
+                             for a, b in zip(attn_fwd(q, k, v, lens, causal, kind=kind), ref))
+                    check(f"attnsplit {tag} KV={KV}: split = part = plain forward (one split)", ok)
+                # across splits: 9000 keys (3 splits), 5000 (2), 3000 (1: = plain), NaN past kv_len
+                B, H, KH, Q, KV, L = 3, 4, 1, 200, 9000, [9000, 5000, 3000]
+                q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
+                for b in range(B):
+                    k[b, :, L[b]:] = float("nan"); v[b, :, L[b]:] = float("nan")
+                lens = _lens(L)
+                o1, l1 = attn_fwd(q, k, v, lens, causal, kind="split_")
+                o2, l2 = attn_fwd(q, k, v, lens, causal, kind="part_")
+                o0, l0 = attn_fwd(q, k, v, lens, causal)
+                kf, vf = k.clone(), v.clone()
+                for b in range(B):
+                    kf[b, :, L[b]:] = 0; vf[b, :, L[b]:] = 0
+                ro, rl_ = ref_attn(q, kf, vf, lens, causal)
+                e = rel(o1, ro)
+                written = not (torch.isnan(o1).any().item() or torch.isnan(o2).any().item())
+                check(f"attnsplit {tag} KV=9000 lens={L}: split = part bitwise, vs f64, written",
+                      torch.equal(o1, o2) and torch.equal(l1, l2) and e <= tol and written, f"rel={e:.2e}")
+                check(f"attnsplit {tag} row within one split (3000 keys) = plain forward",
+                      torch.equal(o1[2], o0[2]) and torch.equal(l1[2], l0[2]))
+                ok = True
+                for s_ in (0, 1, 100, 199):
+                    ls = _lens([max(0, x - Q + s_ + 1) for x in L]) if causal else lens
+                    for kind in ("part_", "split_"):
+                        od, ld = attn_fwd(q[:, :, s_:s_ + 1].contiguous(), k, v, ls, causal, kind=kind)
+                        for b in range(B):
+                            if not causal and L[b] - Q + s_ < 0:
+                                continue
+                            ok &= torch.equal(od[b, :, 0], o1[b, :, s_]) and torch.equal(ld[b, :, 0], l1[b, :, s_])
+                check(f"attnsplit {tag} decode (Q=1, split and part) = prefill rows bitwise", ok)
+                ok = True
+                for b in range(B):
+                    oa, la = attn_fwd(q[b:b + 1].contiguous(), k[b:b + 1, :, :L[b]].contiguous(),
+                                      v[b:b + 1, :, :L[b]].contiguous(), _lens([L[b]]), causal, kind="part_")
+                    ok &= torch.equal(oa[0], o1[b]) and torch.equal(la[0], l1[b])
+                check(f"attnsplit {tag} row alone (tight cache, part) = row in the ragged batch", ok)
+
+
+def attn_long_perf():
+    """Long-context decode: the plain forward and the split one (part + merge) beside SDPA."""
+    dt = torch.bfloat16
+    _watchdog("attnlong", limit_s=300)
+    print("\n| decode | plain ms | split (part + merge) ms | SDPA flash ms | SDPA cuDNN ms | plain / cuDNN | split / cuDNN | split GB/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for B in (1, 8):
+        for KV in (32768, 131072):
+            torch.manual_seed(9)
+            q = rnd(B, 32, 1, 128, dt=dt); k = rnd(B, 8, KV, 128, dt=dt); v = rnd(B, 8, KV, 128, dt=dt)
+            out = torch.empty_like(q); lse = torch.empty((B, 32, 1), device="cuda")
+            plain = runner(record(lambda: attn_fwd(q, k, v, None, True, out=out, lse=lse)))
+            plain(); torch.cuda.synchronize(); o0 = out.clone()
+            part = runner(record(lambda: attn_fwd(q, k, v, None, True, out=out, lse=lse, kind="part_")))
+            part(); torch.cuda.synchronize()
+            same_rows = torch.equal(out, o0) if KV <= ATTN_SPLIT else True
+            t0, t1 = bench(plain), bench(part)
+            res, err = {}, float("nan")
+            for backend in ("flash", "cudnn"):
+                fn = sdpa_fn(q, k, v, False, backend)
+                if fn is not None:
+                    if backend == "flash":
+                        err = rel(out, fn())
+                    res[backend] = bench(fn)
+            f_, c_ = res.get("flash"), res.get("cudnn")
+            byts = 2 * B * 8 * KV * 128 * 2
+            print(f"| B={B} x {KV} keys | {t0:.4f} | {t1:.4f} | {f_ or 0:.4f} | {c_ or 0:.4f} | "
+                  f"{t0 / c_ if c_ else 0:.2f} | {t1 / c_ if c_ else 0:.2f} | {byts / t1 / 1e6:.0f} |", flush=True)
+            check(f"attnlong B={B} KV={KV}: split output vs SDPA", err < 1e-2 and same_rows, f"rel={err:.1e}")
+
+
 def sdpa_fn(q, k, v, causal, backend):
     """torch SDPA on one backend; GQA through enable_gqa, else K/V expanded once outside the timed call."""
     from torch.nn.attention import sdpa_kernel, SDPBackend
@@ -876,8 +975,6 @@ def attn_perf():
     # (label, B, H, KH, Q, KV, D, causal): prefill Q = KV (causal), decode Q = 1 over KV keys (sees all of them)
     shapes = [("prefill", 8, 32, 8, 2048, 2048, 128, True), ("prefill", 8, 32, 8, 4096, 4096, 128, True),
               ("prefill", 4, 32, 8, 4096, 4096, 64, True), ("decode", 64, 32, 8, 1, 4096, 128, True)]
-    if "attnlong" in ONLY:  # long-context decode at small batch (no split over keys yet: few CTAs)
-        shapes = [("decode", b, 32, 8, 1, kv, 128, True) for b in (1, 8) for kv in (32768, 131072)]
     for (label, B, H, KH, Q, KV, D, causal) in shapes:
         torch.manual_seed(5)
         q = rnd(B, H, Q, D, dt=dt); k = rnd(B, KH, KV, D, dt=dt); v = rnd(B, KH, KV, D, dt=dt)
@@ -1076,6 +1173,12 @@ def sanitize():
                 out, lse = attn_fwd(q, k, v, _lens([150, 20]), causal)
                 attn_bwd(q, k, v, out, lse, rnd(2, 8, 37, D, dt=dt), _lens([150, 20]), causal)
                 attn_fwd(q[:, :, :1].contiguous(), k, v, _lens([149, 0]), causal)
+                for kind in ("split_", "part_"):
+                    attn_fwd(q, k, v, _lens([150, 20]), causal, kind=kind)
+        for D in (64, 128):
+            q = rnd(1, 4, 3, D, dt=dt); k = rnd(1, 1, 4200, D, dt=dt); v = rnd(1, 1, 4200, D, dt=dt)
+            for kind in ("split_", "part_"):
+                attn_fwd(q, k, v, _lens([4150]), True, kind=kind)
     torch.cuda.synchronize()
     print("[PASS] sanitize workload ran", flush=True)
 
@@ -1098,8 +1201,12 @@ if __name__ == "__main__":
         perf_bwd_split()
     if "attn" in ONLY:
         test_attn()
-    if "attnperf" in ONLY or "attnlong" in ONLY:
+    if "attnperf" in ONLY:
         attn_perf()
+    if "attnsplit" in ONLY:
+        test_attn_split()
+    if "attnlong" in ONLY:
+        attn_long_perf()
     if "attnbwd" in ONLY:
         test_attn_bwd()
     if "attnbwdperf" in ONLY:

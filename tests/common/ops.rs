@@ -148,17 +148,30 @@ fn query_rows<B: Backend>(
 /// At a head size of the portable kernels only (24) and at the Sm90 ones' (64, 128: 128-key
 /// blocks, so the positions straddle 64 and 128 and the chunks a block boundary).
 pub fn attention_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    let positions = [0, 1, 63, 64, 65, 127, 128, 129, 139];
     for head_dim in [24, 64, 128] {
-        attention_decode_equals_prefill_at::<B>(device, dtype, head_dim);
+        attention_decode_equals_prefill_at::<B>(device, dtype, head_dim, 140, &positions, 130);
     }
 }
 
+/// Past one split of the Sm90 forward (4096 keys): decode (one CTA per split and a merge) =
+/// prefill (each CTA merging its splits) = chunked prefill, bitwise. On GPUs only (4300² scores).
+pub fn attention_long_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    let positions = [0, 4095, 4096, 4097, 4299];
+    attention_decode_equals_prefill_at::<B>(device, dtype, 128, 4300, &positions, 4100);
+}
+
+/// A sequence of `len` tokens: decode at `positions` and chunks split at 30 and `split` against
+/// one causal prefill.
 fn attention_decode_equals_prefill_at<B: InvariantBackend>(
     device: &B::Device,
     dtype: DType,
     head_dim: usize,
+    len: usize,
+    positions: &[usize],
+    split: usize,
 ) {
-    let (len, cap) = (140, 151);
+    let cap = len + 11;
     let d = Dims {
         batch: 1,
         heads: 4,
@@ -181,7 +194,7 @@ fn attention_decode_equals_prefill_at<B: InvariantBackend>(
     );
     let k_cache = Tensor::cat(vec![k.clone(), pad.clone()], 2);
     let v_cache = Tensor::cat(vec![v.clone(), pad], 2);
-    for t in [0, 1, 63, 64, 65, 127, 128, 129, len - 1] {
+    for &t in positions {
         let step = attention(
             query_rows(q.clone(), 0, t..t + 1),
             k_cache.clone(),
@@ -196,8 +209,8 @@ fn attention_decode_equals_prefill_at<B: InvariantBackend>(
             &bits(query_rows(prefill.clone(), 0, t..t + 1)),
         );
     }
-    // Chunked prefill: queries 0..30, 30..130, 130..140, each over the keys so far.
-    let bounds = [0, 30, 130, len];
+    // Chunked prefill: queries 0..30, 30..split, split..len, each over the keys so far.
+    let bounds = [0, 30, split, len];
     let chunks = bounds.windows(2).map(|w| {
         attention(
             query_rows(q.clone(), 0, w[0]..w[1]),
