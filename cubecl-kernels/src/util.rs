@@ -308,8 +308,9 @@ pub(crate) fn launch_chunks<R: Runtime>(
 }
 
 /// Runs `f` with this thread's `flag` set (a test hook's switch), restoring its previous value
-/// when `f` returns or unwinds; other threads are unaffected.
-pub(crate) fn with_thread_flag<T>(
+/// when `f` returns or unwinds; other threads are unaffected. Shared with `burn-invariant`'s hooks.
+#[doc(hidden)]
+pub fn with_thread_flag<T>(
     flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
     f: impl FnOnce() -> T,
 ) -> T {
