@@ -9,8 +9,8 @@ import sys
 
 # Fields that describe a measurement, not the case.
 MEASURES = {"op", "impl", "ms", "tflops", "gbps", "peak_frac", "sdpa_backend", "gqa"}
-ORDER = ["attn_prefill_fwd", "attn_prefill_fwd_bwd", "attn_decode_full", "attn_decode_ragged", "rms_norm_fwd",
-         "rms_norm_fwd_bwd"]
+ORDER = ["attn_prefill_fwd", "attn_prefill_fwd_bwd", "attn_decode_full", "attn_decode_ragged", "attn_decode_long",
+         "rms_norm_fwd", "rms_norm_fwd_bwd"]
 
 rows, notes = {}, []
 for path in sys.argv[1:]:

@@ -21,7 +21,9 @@
 //!
 //! Cases: causal prefill B = 8, H = 32, KH = 8, Dh = 128 at S = 2048 and 4096 (`op=attn_prefill_fwd`,
 //! `attn_prefill_fwd_bwd`); decode B = 64, Q = 1, KV = 4096 with every key valid
-//! (`attn_decode_full`) and ragged lengths `1 + b·4095/63` (`attn_decode_ragged`); RMSNorm
+//! (`attn_decode_full`) and ragged lengths `1 + b·4095/63` (`attn_decode_ragged`); decode at B 1
+//! and 8 over 32768 and 131072 keys (`attn_decode_long`, with `InvariantSplit`: the Sm90 split
+//! execution through its test hook); RMSNorm
 //! [16384, 4096] forward and forward + backward (`rms_norm_fwd`, `rms_norm_fwd_bwd`), with the
 //! achieved GB/s (ideal bytes read + written / time) and its fraction of 3.35 TB/s. `memory`:
 //! cubecl's in-use and reserved bytes and `nvidia-smi`'s figure around one forward + backward
@@ -54,6 +56,9 @@ const PREFILL: (usize, usize, usize, usize) = (8, 32, 8, 128);
 const PREFILL_SEQS: [usize; 2] = [2048, 4096];
 /// Decode: batch, query heads, KV heads, keys, head size (one query per row).
 const DECODE: (usize, usize, usize, usize, usize) = (64, 32, 8, 4096, 128);
+/// Rows and keys of the long-context decode cases (heads and head size as `DECODE`).
+const LONG_DECODE_ROWS: [usize; 2] = [1, 8];
+const LONG_DECODE_KEYS: [usize; 2] = [32768, 131072];
 /// RMSNorm rows and width.
 const RMS: (usize, usize) = (16384, 4096);
 const RMS_EPS: f64 = 1e-6;
@@ -393,6 +398,43 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
                 let _ = Raw::invariant_attention(inputs, imp);
             },
         );
+    }
+}
+
+/// Long-context decode (`attn_decode_long`): B 1 and 8 rows, one query over 32768 or 131072
+/// keys, every key valid; the public call on the raw backend as it runs by default
+/// (`Invariant`) and with the Sm90 split execution (`InvariantSplit`, its test hook).
+#[cfg(feature = "cuda")]
+fn long_decode_cases(device: &cubecl::cuda::CudaDevice) {
+    let (_, h, kh, _, d) = DECODE;
+    let opts = AttentionOptions::default();
+    for b in LONG_DECODE_ROWS {
+        for kv in LONG_DECODE_KEYS {
+            fresh_pool(device);
+            let q = random::<Raw, 4>([b, h, 1, d], device);
+            let k = random::<Raw, 4>([b, kh, kv, d], device);
+            let v = random::<Raw, 4>([b, kh, kv, d], device);
+            let shape = format!("dtype=bf16 b={b} h={h} kh={kh} q=1 kv={kv} d={d}");
+            let flops = 4.0 * (b * h * kv * d) as f64;
+            let bytes = (2 * b * kh * kv * d * 2 + 2 * b * h * d * 2) as f64;
+            let call = || {
+                let _ = burn_invariant::attention(q.clone(), k.clone(), v.clone(), None, &opts)
+                    .expect("attention");
+            };
+            case::<Raw>(
+                device,
+                "attn_decode_long",
+                &ours("Invariant"),
+                &shape,
+                flops,
+                bytes,
+                call,
+            );
+            burn_invariant::ops::attention::with_sm90_split_execution(|| {
+                let imp = ours("InvariantSplit");
+                case::<Raw>(device, "attn_decode_long", &imp, &shape, flops, bytes, call)
+            });
+        }
     }
 }
 
@@ -854,7 +896,7 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
 /// The attention and RMSNorm report (an NVIDIA GPU; `cargo bench` passes `--bench`).
 #[derive(clap::Parser)]
 struct Args {
-    /// Parts, comma-separated: prefill, decode, rms, memory, burn (default: all).
+    /// Parts, comma-separated: prefill, decode, long, rms, memory, burn (default: all).
     #[arg(value_delimiter = ',')]
     parts: Vec<String>,
     #[arg(long, hide = true)]
@@ -882,6 +924,9 @@ fn main() {
         }
         if has("decode") {
             decode_cases(&device);
+        }
+        if has("long") {
+            long_decode_cases(&device);
         }
         if has("rms") {
             rms_cases(&device);

@@ -11,8 +11,8 @@
 # and the tensor-parallel suite on one GPU (.gpu/gpu_tp).
 # `vulkan`: the wgpu suites and the wgpu report through Vulkan/SPIR-V (.gpu/{gpu_vk,gpu_report_vk},
 # built with `--features vulkan,cuda`; the loaders from .gl/, see the device README), cuBLAS f16 beside.
-# `attn`: attention and RMSNorm (.gpu/attention_report) beside PyTorch SDPA (benches/sdpa_reference.py) and
-# Burn's attention, table in $OUT/attention_table.md; its parts, one device call each where time is short:
+# `attn`: attention and RMSNorm (.gpu/attention_report; long-context decode included) beside PyTorch SDPA
+# (benches/sdpa_reference.py) and Burn's attention, table in $OUT/attention_table.md; its parts, one device call each where time is short:
 # `attnours` (ours: prefill, decode, RMSNorm), `attnref` (SDPA, Burn), `attnmore` (memory; decode and RMSNorm
 # with BURN_INVARIANT_IMPL=cubecl); `attnsanitize`: compute-sanitizer on the attention and rms_norm tests of
 # cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl.
@@ -81,20 +81,22 @@ if has overhead; then
   step cublas_decode 60 python3 benches/cublas_decode.py; cat "$OUT/cublas_decode.log"
   grep -h "^OVERHEAD_DELTA" "$OUT/overhead.log"
 fi
-# attn = attnours + attnref + attnmore (worst case 565 s of step limits); each part rebuilds the table from the
-# logs present in $OUT.
+# attn = attnours + attnref + attnmore (worst case 805 s of step limits: past one call, so run the parts); each
+# part rebuilds the table from the logs present in $OUT.
 attn_table() {
-  local logs=(); for f in attn_prefill attn_decode attn_rms attn_burn attn_memory attn_decode_cubecl attn_rms_cubecl sdpa; do [[ -s $OUT/$f.log ]] && logs+=("$OUT/$f.log"); done
+  local logs=(); for f in attn_prefill attn_decode attn_long attn_rms attn_burn attn_memory attn_decode_cubecl attn_rms_cubecl sdpa sdpa_long; do [[ -s $OUT/$f.log ]] && logs+=("$OUT/$f.log"); done
   python3 benches/attention_compare.py ${logs[@]+"${logs[@]}"} > "$OUT/attention_table.md"
 }
 if has attn || has attnours; then
   step attn_prefill 180 .gpu/attention_report prefill
   step attn_decode 45 .gpu/attention_report decode
+  step attn_long 120 .gpu/attention_report long
   step attn_rms 30 .gpu/attention_report rms
   attn_table
 fi
 if has attn || has attnref; then
   step sdpa 100 python3 benches/sdpa_reference.py; grep -h "^NOTICE\|^SKIP" "$OUT/sdpa.log"
+  step sdpa_long 120 python3 benches/sdpa_reference.py long
   step attn_burn 100 .gpu/attention_report burn; grep -h "^SKIP" "$OUT/attn_burn.log"
   attn_table
 fi

@@ -15,7 +15,7 @@ lines that benches/attention_compare.py joins with the Rust log.
   `impl=TorchRmsNorm` (torch.nn.functional.rms_norm where present), GB/s of the ideal bytes as in the Rust report.
 
 Timing: the first call decides (over 10 s: a SKIP line), then at least 200 ms of warm-up, then the median over
-3-7 repetitions of a batch of calls timed with CUDA events. `sdpa_reference.py [prefill|decode|rms[,...]]`."""
+3-7 repetitions of a batch of calls timed with CUDA events. `sdpa_reference.py [prefill|decode|long|rms[,...]]`."""
 import sys
 import time
 
@@ -204,6 +204,19 @@ def decode():
         sdpa_cases(op, shape, q, k, v, h // kh, False, mask, False, flops, nbytes)
 
 
+def long_decode():
+    """attention_report's attn_decode_long: B 1 and 8, one query over 32768 or 131072 keys, all valid."""
+    _, h, kh, _, d = DECODE
+    for b in (1, 8):
+        for kv in (32768, 131072):
+            q, k, v = rand(b, h, 1, d), rand(b, kh, kv, d), rand(b, kh, kv, d)
+            shape = f"dtype=bf16 b={b} h={h} kh={kh} q=1 kv={kv} d={d}"
+            nbytes = 2.0 * b * kh * kv * d * 2 + 2.0 * b * h * d * 2
+            sdpa_cases("attn_decode_long", shape, q, k, v, h // kh, False, None, False, 4.0 * b * h * kv * d, nbytes)
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
 def rms():
     n, d = RMS
     shape = f"dtype=bf16 n={n} d={d}"
@@ -242,5 +255,7 @@ if __name__ == "__main__":
         prefill()
     if "decode" in what:
         decode()
+    if "long" in what:
+        long_decode()
     if "rms" in what:
         rms()
