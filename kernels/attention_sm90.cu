@@ -965,44 +965,36 @@ __device__ __forceinline__ void attn_bwd_dkdv_body(const TmaDesc* tmQz, const Tm
 }  // namespace ib
 
 // Entry points: ib_attn_fwd_<T>_d<Dh>. Signature (README "Build model"): the three maps, one pointer per map,
-// the buffers (query, key, value: read through the maps; kv_lens; out; lse), then AttnParams. The static_assert
-// ties the table's dynamic shared memory (the SMEM argument) to the layout above.
-#define IB_ATTN_ENTRY(NAME, T, D, BN, ST, SMEM)                                                           \
+// the buffers (query, key, value: read through the maps; kv_lens; out; lse), then AttnParams. MODE: attn_fwd_body's
+// (0 plain, 1 merging its splits); the static_assert ties the table's dynamic shared memory (the SMEM argument) to
+// the mode's layout (AttnCfg::SMEM_BYTES or ::SPLIT_SMEM_BYTES).
+#define IB_ATTN_ENTRY(NAME, T, D, BN, ST, MODE, LAYOUT, SMEM)                                            \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
       NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
            const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
            const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
            T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
-    static_assert(ib::AttnCfg<T, D, BN, ST>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory");    \
+    static_assert(ib::AttnCfg<T, D, BN, ST>::LAYOUT == SMEM, "entries.txt: dynamic shared memory");        \
     static_assert(ib::AttnCfg<T, D, BN, ST>::NTHREADS == 384, "entries.txt: threads");                     \
-    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>, 0>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
+    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>, MODE>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
   }
 
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_bf16_d64)
-IB_ATTN_ENTRY(ib_attn_fwd_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
+IB_ATTN_ENTRY(ib_attn_fwd_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 0, SMEM_BYTES, 83072)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_bf16_d128)
-IB_ATTN_ENTRY(ib_attn_fwd_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+IB_ATTN_ENTRY(ib_attn_fwd_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 0, SMEM_BYTES, 164992)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d64)
-IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
+IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 0, SMEM_BYTES, 83072)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d128)
-IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
+IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 0, SMEM_BYTES, 164992)
 #endif
 
-// Split forwards (README "Fixed splits"): ib_attn_fwd_split (MODE 1, the forward's grid and signature) and
-// ib_attn_fwd_part (MODE 2, grid B*KH*ceil(G*Q/128)*ceil(KV/ATTN_SPLIT), the split states to ws_o
+// Split forwards (README "Fixed splits"): ib_attn_fwd_split (IB_ATTN_ENTRY with MODE 1: the forward's grid and
+// signature) and ib_attn_fwd_part (MODE 2, grid B*KH*ceil(G*Q/128)*ceil(KV/ATTN_SPLIT), the split states to ws_o
 // [splits, B*H*Q, Dh] and ws_ml [splits, B*H*Q, 5] f32) + ib_attn_merge (one warp per query row).
-#define IB_ATTN_SPLIT_ENTRY(NAME, T, D, BN, ST, SMEM)                                                     \
-  extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
-      NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
-           const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
-           const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
-           T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
-    static_assert(ib::AttnCfg<T, D, BN, ST>::SPLIT_SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory"); \
-    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>, 1>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
-  }
 #define IB_ATTN_PART_ENTRY(NAME, T, D, BN, ST, SMEM)                                                      \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
       NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
@@ -1019,7 +1011,7 @@ IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
     ib::attn_merge_body<T, D>(p, (int)(blockIdx.x * 8 + (threadIdx.x >> 5)), kv_lens, ws_o, ws_ml, out, lse); \
   }
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_bf16_d64)
-IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 115840)
+IB_ATTN_ENTRY(ib_attn_fwd_split_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 1, SPLIT_SMEM_BYTES, 115840)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_bf16_d64)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
@@ -1028,7 +1020,7 @@ IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_
 IB_ATTN_MERGE_ENTRY(ib_attn_merge_bf16_d64, __nv_bfloat16, 64)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_bf16_d128)
-IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 230528)
+IB_ATTN_ENTRY(ib_attn_fwd_split_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 1, SPLIT_SMEM_BYTES, 230528)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_bf16_d128)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
@@ -1037,7 +1029,7 @@ IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOC
 IB_ATTN_MERGE_ENTRY(ib_attn_merge_bf16_d128, __nv_bfloat16, 128)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_f16_d64)
-IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 115840)
+IB_ATTN_ENTRY(ib_attn_fwd_split_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 1, SPLIT_SMEM_BYTES, 115840)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_f16_d64)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
@@ -1046,7 +1038,7 @@ IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 
 IB_ATTN_MERGE_ENTRY(ib_attn_merge_f16_d64, __half, 64)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_f16_d128)
-IB_ATTN_SPLIT_ENTRY(ib_attn_fwd_split_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 230528)
+IB_ATTN_ENTRY(ib_attn_fwd_split_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 1, SPLIT_SMEM_BYTES, 230528)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_f16_d128)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)

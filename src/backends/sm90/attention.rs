@@ -10,7 +10,7 @@ use super::nvrtc::launch;
 use super::operand::TmaOperand;
 use super::params::AttnParams;
 use super::sm_count;
-use super::table::{Entry, constant, entry};
+use super::table::{Entry, constant, lookup};
 use crate::backends::alloc::{empty, zeros};
 use crate::backends::cuda::{CudaOps, CudaTensor};
 
@@ -55,56 +55,55 @@ struct Kernels {
     dkdv: Entry,
 }
 
+/// The `Kernels` of the entry names ending in `_<suffix>` (const: a name missing from
+/// `kernels/entries.txt` fails to compile, as `entry!`).
+macro_rules! kernels {
+    ($suffix:literal) => {{
+        const KERNELS: Kernels = Kernels {
+            forward: lookup(concat!("ib_attn_fwd_", $suffix)),
+            split: lookup(concat!("ib_attn_fwd_split_", $suffix)),
+            part: lookup(concat!("ib_attn_fwd_part_", $suffix)),
+            merge: lookup(concat!("ib_attn_merge_", $suffix)),
+            prep: lookup(concat!("ib_attn_bwd_prep_", $suffix)),
+            dq: lookup(concat!("ib_attn_bwd_dq_", $suffix)),
+            dkdv: lookup(concat!("ib_attn_bwd_dkdv_", $suffix)),
+        };
+        KERNELS
+    }};
+}
+
 fn kernels(dtype: DType, head_dim: usize) -> Kernels {
     match (dtype, head_dim) {
-        (DType::BF16, 64) => Kernels {
-            forward: entry!("ib_attn_fwd_bf16_d64"),
-            split: entry!("ib_attn_fwd_split_bf16_d64"),
-            part: entry!("ib_attn_fwd_part_bf16_d64"),
-            merge: entry!("ib_attn_merge_bf16_d64"),
-            prep: entry!("ib_attn_bwd_prep_bf16_d64"),
-            dq: entry!("ib_attn_bwd_dq_bf16_d64"),
-            dkdv: entry!("ib_attn_bwd_dkdv_bf16_d64"),
-        },
-        (DType::BF16, 128) => Kernels {
-            forward: entry!("ib_attn_fwd_bf16_d128"),
-            split: entry!("ib_attn_fwd_split_bf16_d128"),
-            part: entry!("ib_attn_fwd_part_bf16_d128"),
-            merge: entry!("ib_attn_merge_bf16_d128"),
-            prep: entry!("ib_attn_bwd_prep_bf16_d128"),
-            dq: entry!("ib_attn_bwd_dq_bf16_d128"),
-            dkdv: entry!("ib_attn_bwd_dkdv_bf16_d128"),
-        },
-        (DType::F16, 64) => Kernels {
-            forward: entry!("ib_attn_fwd_f16_d64"),
-            split: entry!("ib_attn_fwd_split_f16_d64"),
-            part: entry!("ib_attn_fwd_part_f16_d64"),
-            merge: entry!("ib_attn_merge_f16_d64"),
-            prep: entry!("ib_attn_bwd_prep_f16_d64"),
-            dq: entry!("ib_attn_bwd_dq_f16_d64"),
-            dkdv: entry!("ib_attn_bwd_dkdv_f16_d64"),
-        },
-        (DType::F16, 128) => Kernels {
-            forward: entry!("ib_attn_fwd_f16_d128"),
-            split: entry!("ib_attn_fwd_split_f16_d128"),
-            part: entry!("ib_attn_fwd_part_f16_d128"),
-            merge: entry!("ib_attn_merge_f16_d128"),
-            prep: entry!("ib_attn_bwd_prep_f16_d128"),
-            dq: entry!("ib_attn_bwd_dq_f16_d128"),
-            dkdv: entry!("ib_attn_bwd_dkdv_f16_d128"),
-        },
+        (DType::BF16, 64) => kernels!("bf16_d64"),
+        (DType::BF16, 128) => kernels!("bf16_d128"),
+        (DType::F16, 64) => kernels!("f16_d64"),
+        (DType::F16, 128) => kernels!("f16_d128"),
         other => unreachable!(
             "the registry admits Sm90 attention for bf16/f16 at Dh 64/128, got {other:?}"
         ),
     }
 }
 
-/// `t [d0, d1, d2, dh]` as a contiguous `[d0·d1·d2, dh]` TMA operand.
-fn rows_operand(t: CudaTensor) -> TmaOperand {
+/// `t [d0, d1, d2, dh]` as a contiguous `[d0·d1·d2, dh]` view (a copy only when `t` is not
+/// contiguous).
+fn row_view(t: CudaTensor) -> CudaTensor {
     let shape = t.meta.shape().to_vec();
     let rows = shape[..3].iter().product::<usize>();
-    let t = CudaOps::float_reshape(into_contiguous(t), Shape::new([rows, shape[3]]));
-    TmaOperand::new(t)
+    CudaOps::float_reshape(into_contiguous(t), Shape::new([rows, shape[3]]))
+}
+
+/// The kernels' `AttnParams` of a call: query `[b, h, q, _]`, key `[_, kh, kv, _]`.
+fn attn_params([b, h, q, kh, kv]: [usize; 5], causal: bool, scale: f32) -> AttnParams {
+    AttnParams {
+        b: b as u32,
+        h: h as u32,
+        kh: kh as u32,
+        q: q as u32,
+        kv: kv as u32,
+        flags: if causal { ATTN_CAUSAL } else { 0 },
+        scale,
+        pad: 0,
+    }
 }
 
 /// Forward: `(out [B, H, Q, Dh], lse [B, H, Q] f32)`. `kv_lens` is `[B]` i32.
@@ -137,17 +136,8 @@ pub(crate) fn attention(
     let out = empty(&query, vec![b, h, q, dh], dtype);
     let lse = empty(&query, vec![b, h, q], DType::F32);
     let kv_lens = into_contiguous(kv_lens);
-    let (query, key, value) = (rows_operand(query), rows_operand(key), rows_operand(value));
-    let params = AttnParams {
-        b: b as u32,
-        h: h as u32,
-        kh: kh as u32,
-        q: q as u32,
-        kv: kv as u32,
-        flags: if causal { ATTN_CAUSAL } else { 0 },
-        scale,
-        pad: 0,
-    };
+    let [query, key, value] = [query, key, value].map(|t| TmaOperand::new(row_view(t)));
+    let params = attn_params([b, h, q, kh, kv], causal, scale);
     let grid = b * kh * (h / kh * q).div_ceil(Q_TILE);
     let maps = vec![
         query.map(0, b * h * q),
@@ -213,20 +203,10 @@ pub(crate) fn attention_backward(
         ];
     }
     let k = kernels(dtype, dh);
-    let rows = b * h * q;
-    let params = AttnParams {
-        b: b as u32,
-        h: h as u32,
-        kh: kh as u32,
-        q: q as u32,
-        kv: kv as u32,
-        flags: if causal { ATTN_CAUSAL } else { 0 },
-        scale,
-        pad: 0,
-    };
+    let params = attn_params([b, h, q, kh, kv], causal, scale);
     let client = query.client.clone();
-    let dense = |t: CudaTensor| CudaOps::float_reshape(into_contiguous(t), Shape::new([rows, dh]));
-    let (query, out, grad) = (dense(query), dense(out), dense(grad));
+    let [query, out, grad] = [query, out, grad].map(row_view);
+    let rows = b * h * q;
     let (lse, kv_lens) = (into_contiguous(lse), into_contiguous(kv_lens));
     // Pre-pass: per query row {lse·log2 e, δ = dO·O, visible keys}, and Q with padding rows zeroed.
     let qz = empty(&query, vec![rows, dh], dtype);
@@ -249,7 +229,7 @@ pub(crate) fn attention_backward(
         TmaOperand::new(query),
         TmaOperand::new(grad),
     );
-    let (key, value) = (rows_operand(key), rows_operand(value));
+    let [key, value] = [key, value].map(|t| TmaOperand::new(row_view(t)));
     let key_rows = b * kh * kv;
     let maps = |a: &TmaOperand| {
         vec![

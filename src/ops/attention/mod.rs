@@ -18,15 +18,8 @@ use crate::InvariantError;
 use crate::registry::Implementation;
 
 pub use api::attention;
-
-/// Test hook: runs `f` with this thread's Sm90 attention calls over more than 4096 keys on the
-/// split forwards (kernels/README.md, "Fixed splits"), which are not yet the default. Other
-/// threads are unaffected; the previous setting is restored when `f` returns or unwinds.
 #[cfg(feature = "cuda")]
-#[doc(hidden)]
-pub fn with_sm90_split_execution<T>(f: impl FnOnce() -> T) -> T {
-    crate::backends::sm90::with_split_execution(f)
-}
+pub use cube::with_sm90_split_execution;
 
 /// Options of [`attention`].
 #[derive(Debug, Clone, Copy, PartialEq)]
