@@ -22,8 +22,7 @@
 //! Cases: causal prefill B = 8, H = 32, KH = 8, Dh = 128 at S = 2048 and 4096 (`op=attn_prefill_fwd`,
 //! `attn_prefill_fwd_bwd`); decode B = 64, Q = 1, KV = 4096 with every key valid
 //! (`attn_decode_full`) and ragged lengths `1 + b·4095/63` (`attn_decode_ragged`); decode at B 1
-//! and 8 over 32768 and 131072 keys (`attn_decode_long`, with `InvariantSplit`: the Sm90 split
-//! execution through its test hook); RMSNorm
+//! and 8 over 32768 and 131072 keys (`attn_decode_long`; on Hopper the Sm90 split forwards); RMSNorm
 //! [16384, 4096] forward and forward + backward (`rms_norm_fwd`, `rms_norm_fwd_bwd`), with the
 //! achieved GB/s (ideal bytes read + written / time) and its fraction of 3.35 TB/s. `memory`:
 //! cubecl's in-use and reserved bytes and `nvidia-smi`'s figure around one forward + backward
@@ -402,8 +401,8 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
 }
 
 /// Long-context decode (`attn_decode_long`): B 1 and 8 rows, one query over 32768 or 131072
-/// keys, every key valid; the public call on the raw backend as it runs by default
-/// (`Invariant`) and with the Sm90 split execution (`InvariantSplit`, its test hook).
+/// keys, every key valid; the public call on the raw backend (`Invariant`; on Hopper the Sm90
+/// split forwards).
 #[cfg(feature = "cuda")]
 fn long_decode_cases(device: &cubecl::cuda::CudaDevice) {
     let (_, h, kh, _, d) = DECODE;
@@ -430,10 +429,6 @@ fn long_decode_cases(device: &cubecl::cuda::CudaDevice) {
                 bytes,
                 call,
             );
-            burn_invariant::ops::attention::with_sm90_split_execution(|| {
-                let imp = ours("InvariantSplit");
-                case::<Raw>(device, "attn_decode_long", &imp, &shape, flops, bytes, call)
-            });
         }
     }
 }

@@ -181,45 +181,76 @@ __device__ __forceinline__ void attn_issue_pv(float* o, const u32 (*pa)[4], u32 
   wgmma_commit();
 }
 
+// The extreme raw score of row i (0: g, 1: g + 8) in one key block over the quad, the one whose scaled value is the
+// block's max: the max, or the min when the scale is negative (NEG). With MASK, keys the row does not see are set
+// to the value that never wins (-inf, +inf for NEG), also replacing NaN/Inf of garbage K past kv_len; a NaN the
+// row sees wins.
+template <class C, bool MASK, bool NEG>
+__device__ __forceinline__ float attn_block_extreme(float* s, int i, int lim, int kb0, int q) {
+  const float hide = NEG ? -IB_NEG_INF : IB_NEG_INF;
+  const auto pick = [](float a, float b) { return NEG ? min_nan(a, b) : max_nan(a, b); };
+  float mx[4] = {hide, hide, hide, hide};
+#pragma unroll
+  for (int j = 0; j < C::BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float& v = s[4 * j + 2 * i + h];
+      if (MASK) v = (kb0 + 8 * j + 2 * q + h < lim) ? v : hide;
+      mx[j & 3] = pick(mx[j & 3], v);
+    }
+  float mb = pick(pick(mx[0], mx[1]), pick(mx[2], mx[3]));
+  mb = pick(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+  return pick(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+}
+
 // Online softmax over one key block (keys kb0 .. kb0+BN-1) for the thread's two rows (i = 0: row g, i = 1: row
-// g + 8 of its warp's 16). s[4j + 2i + h] holds key kb0 + 8j + 2q + h of row i (wgmma accumulator layout); on
-// return it holds p (f32). lim[i]: the row sees keys < lim[i] (0 for padding rows and rows with pos < 0).
-// The same instructions for every row: only the mask select, alpha's select and the data differ.
-template <class C>
-__device__ __forceinline__ void attn_softmax(float* s, float* m, float* l, float* alpha, const int* lim, int kb0,
-                                             int q, float sl2) {
-  const bool mask = kb0 + C::BN > min(lim[0], lim[1]);  // a no-op select for the keys a row sees
+// g + 8 of its warp's 16). s[4j + 2i + h] holds the raw score S of key kb0 + 8j + 2q + h of row i (wgmma
+// accumulator layout); on return it holds p (f32). lim[i]: the row sees keys < lim[i] (0 for padding rows and rows
+// with pos < 0); MASK: some key of the block is not seen by one of the rows. The block's max is taken on the raw
+// scores and scaled once (rounding is monotone, so it is the max of the rounded products), then
+// p = 2^fma(S, sl2, -m'): one fma and one ex2 per score (FA3). The same instructions for every row.
+template <class C, bool MASK, bool NEG>
+__device__ __forceinline__ void attn_softmax_block(float* s, float* m, float* l, float* alpha, const int* lim, int kb0,
+                                                   int q, float sl2) {
+  const float hide = NEG ? -IB_NEG_INF : IB_NEG_INF;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float mx[4] = {IB_NEG_INF, IB_NEG_INF, IB_NEG_INF, IB_NEG_INF};
-#pragma unroll
-    for (int j = 0; j < C::BN / 8; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // __fmul_rn / __fsub_rn: never contracted into an fma, whichever path (mask or not) the compiler sees
-        float v = __fmul_rn(s[4 * j + 2 * i + h], sl2);
-        // invisible key: -inf, also replacing NaN/Inf of garbage K past kv_len
-        if (mask) v = (kb0 + 8 * j + 2 * q + h < lim[i]) ? v : IB_NEG_INF;
-        s[4 * j + 2 * i + h] = v;
-        mx[j & 3] = max_nan(mx[j & 3], v);
-      }
-    }
-    float mb = max_nan(max_nan(mx[0], mx[1]), max_nan(mx[2], mx[3]));
-    mb = max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-    mb = max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-    const float mn = max_nan(m[i], mb);
+    const float mb = attn_block_extreme<C, MASK, NEG>(s, i, lim[i], kb0, q);
+    const float mn = mb == hide ? m[i] : max_nan(m[i], __fmul_rn(mb, sl2));  // log2 units; no key seen: unchanged
     const float mu = mn == IB_NEG_INF ? 0.f : mn;  // no visible key yet: p = 2^(-inf) = +0, not NaN
     alpha[i] = m[i] == mn ? 1.f : ex2(__fsub_rn(m[i], mu));  // exactly 1 when the max does not grow (also -inf = -inf)
-    float ps[4] = {0.f, 0.f, 0.f, 0.f};            // fixed 4-way split of the thread's 32 p
+    const float nmu = -mu;
+    float ps[4] = {0.f, 0.f, 0.f, 0.f};  // fixed 4-way split of the thread's 32 p
 #pragma unroll
     for (int j = 0; j < C::BN / 8; ++j) {
-      const float p0 = ex2(__fsub_rn(s[4 * j + 2 * i], mu)), p1 = ex2(__fsub_rn(s[4 * j + 2 * i + 1], mu));
+      float p0 = ex2(fmaf(s[4 * j + 2 * i], sl2, nmu)), p1 = ex2(fmaf(s[4 * j + 2 * i + 1], sl2, nmu));
+      if (MASK) {  // exact zeros for the keys the row does not see, whatever the scale (hide * 0 = NaN)
+        p0 = kb0 + 8 * j + 2 * q < lim[i] ? p0 : 0.f;
+        p1 = kb0 + 8 * j + 2 * q + 1 < lim[i] ? p1 : 0.f;
+      }
       s[4 * j + 2 * i] = p0;
       s[4 * j + 2 * i + 1] = p1;
       ps[j & 3] = __fadd_rn(ps[j & 3], __fadd_rn(p0, p1));
     }
     l[i] = fmaf(l[i], alpha[i], (ps[0] + ps[1]) + (ps[2] + ps[3]));
     m[i] = mn;
+  }
+}
+
+// The block's softmax. Uniform branches: the mask selects only in blocks where some row of the thread stops (they
+// would otherwise be computed for every block), the negative scale's min on its own path (the common path keeps
+// both rows' max and exp loops free to interleave).
+template <class C>
+__device__ __forceinline__ void attn_softmax(float* s, float* m, float* l, float* alpha, const int* lim, int kb0,
+                                             int q, float sl2) {
+  const bool mask = kb0 + C::BN > min(lim[0], lim[1]);
+  if (sl2 < 0.f) {
+    if (mask) attn_softmax_block<C, true, true>(s, m, l, alpha, lim, kb0, q, sl2);
+    else attn_softmax_block<C, false, true>(s, m, l, alpha, lim, kb0, q, sl2);
+  } else if (mask) {
+    attn_softmax_block<C, true, false>(s, m, l, alpha, lim, kb0, q, sl2);
+  } else {
+    attn_softmax_block<C, false, false>(s, m, l, alpha, lim, kb0, q, sl2);
   }
 }
 
@@ -458,7 +489,8 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
         fold(n / SB - 1, ms, ls);
 #pragma unroll
         for (int k = 0; k < D / 2; ++k) o[k] = 0.f;
-      } else {
+      } else if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+        // skipped where no row of the warp saw its max grow: o * 1 = o, bit for bit (NaN included: canonical)
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
           o[4 * j] = __fmul_rn(o[4 * j], alpha[0]);
@@ -645,7 +677,7 @@ __device__ __forceinline__ void attn_bwd_prep_body(const AttnParams& p, int row,
 
 // p and ds of one accumulator element (score S, dp) for a (query, key) pair; r = the query's AttnRow.
 __device__ __forceinline__ void attn_p_ds(float& s, float& dp, bool vis, const AttnRow& r, float sl2) {
-  const float pv = ex2(__fsub_rn(__fmul_rn(s, sl2), r.x));
+  const float pv = ex2(fmaf(s, sl2, -r.x));  // one rounding, as the forward's 2^fma(S, sl2, -m)
   const float dsv = __fmul_rn(pv, __fsub_rn(dp, r.y));
   s = vis ? pv : 0.f;
   dp = vis ? dsv : 0.f;

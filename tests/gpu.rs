@@ -228,17 +228,16 @@ mod cuda {
             super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
         }
 
-        /// Past 4096 keys: the plain forward (the default), then the split forwards (one CTA per
-        /// split + a merge for decode, each CTA merging its splits for prefill).
+        /// Past 4096 keys (Sm90: the split forwards, one CTA per split + a merge for decode, each
+        /// CTA merging its splits for prefill).
         #[test]
         #[serial]
         fn attention_long_decode_equals_prefill() {
             let Some(device) = device() else { return };
-            let dtype = burn::tensor::DType::BF16;
-            common::ops::attention_long_decode_equals_prefill::<B>(&device, dtype);
-            burn_invariant::ops::attention::with_sm90_split_execution(|| {
-                common::ops::attention_long_decode_equals_prefill::<B>(&device, dtype)
-            });
+            common::ops::attention_long_decode_equals_prefill::<B>(
+                &device,
+                burn::tensor::DType::BF16,
+            );
         }
     }
 

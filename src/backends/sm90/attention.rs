@@ -25,19 +25,6 @@ const Q_TILE: usize = constant("ATTN_Q_TILE");
 /// Keys per split of the split forwards (kernels/README.md, "Fixed splits").
 const SPLIT: usize = constant("ATTN_SPLIT");
 
-thread_local! {
-    static SPLIT_EXECUTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` with this thread's calls over more than `SPLIT` keys on the split forwards. Off by
-/// default: their kernels passed the harness on an H100 (bitwise and against f64), but this
-/// dispatch has not yet run through the CUDA suite (`attention_long_decode_equals_prefill`).
-/// Without it every call runs the plain forward, which is invariant by itself; the two differ in
-/// the bits of rows that see more than `SPLIT` keys.
-pub(crate) fn with_split_execution<T>(f: impl FnOnce() -> T) -> T {
-    burn_invariant_cubecl::util::with_thread_flag(&SPLIT_EXECUTION, f)
-}
-
 /// Keys per CTA of the `dK`/`dV` kernel.
 const KEY_TILE: usize = constant("ATTN_BWD_TILE");
 
@@ -158,7 +145,7 @@ pub(crate) fn attention(
     // per (tile, split) and a merge where the tiles alone would leave most SMs idle (decode).
     let k = kernels(dtype, dh);
     let client = out.client.clone();
-    if kv <= SPLIT || !SPLIT_EXECUTION.with(|on| on.get()) {
+    if kv <= SPLIT {
         launch(&client, k.forward, grid, maps, buffers, &params);
     } else if grid >= sm_count(&client) {
         launch(&client, k.split, grid, maps, buffers, &params);

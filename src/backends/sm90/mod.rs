@@ -227,8 +227,6 @@ pub(crate) fn linear_logp_backward<R: CubeRuntime, B: CubePrimitives<R>>(
     }
 }
 
-pub(crate) use attention::with_split_execution;
-
 /// Attention forward: `(out, lse)`.
 pub(crate) fn attention<R: CubeRuntime>(
     [query, key, value]: [CubeTensor<R>; 3],

@@ -141,15 +141,6 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionO
     }
 }
 
-/// Test hook: runs `f` with this thread's Sm90 attention calls over more than 4096 keys on the
-/// split forwards (kernels/README.md, "Fixed splits"), which are not yet the default. Other
-/// threads are unaffected; the previous setting is restored when `f` returns or unwinds.
-#[cfg(feature = "cuda")]
-#[doc(hidden)]
-pub fn with_sm90_split_execution<T>(f: impl FnOnce() -> T) -> T {
-    crate::backends::sm90::with_split_execution(f)
-}
-
 /// The launch class of an attention call: batch rows and key counts vary freely between calls
 /// of one model; the heads, query rows and head size pick the kernels.
 fn attention_class<R: CubeRuntime>(

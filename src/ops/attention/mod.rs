@@ -18,8 +18,6 @@ use crate::InvariantError;
 use crate::registry::Implementation;
 
 pub use api::attention;
-#[cfg(feature = "cuda")]
-pub use cube::with_sm90_split_execution;
 
 /// Options of [`attention`].
 #[derive(Debug, Clone, Copy, PartialEq)]
