@@ -181,42 +181,37 @@ __device__ __forceinline__ void attn_issue_pv(float* o, const u32 (*pa)[4], u32 
   wgmma_commit();
 }
 
-// The extreme raw score of row i (0: g, 1: g + 8) in one key block over the quad, the one whose scaled value is the
-// block's max: the max, or the min when the scale is negative (NEG). With MASK, keys the row does not see are set
-// to the value that never wins (-inf, +inf for NEG), also replacing NaN/Inf of garbage K past kv_len; a NaN the
-// row sees wins.
-template <class C, bool MASK, bool NEG>
-__device__ __forceinline__ float attn_block_extreme(float* s, int i, int lim, int kb0, int q) {
-  const float hide = NEG ? -IB_NEG_INF : IB_NEG_INF;
-  const auto pick = [](float a, float b) { return NEG ? min_nan(a, b) : max_nan(a, b); };
-  float mx[4] = {hide, hide, hide, hide};
+// The max raw score of row i (0: g, 1: g + 8) in one key block over the quad (NaN-propagating). With MASK, keys
+// the row does not see are set to -inf first, also replacing NaN/Inf of garbage K past kv_len.
+template <class C, bool MASK>
+__device__ __forceinline__ float attn_block_max(float* s, int i, int lim, int kb0, int q) {
+  float mx[4] = {IB_NEG_INF, IB_NEG_INF, IB_NEG_INF, IB_NEG_INF};
 #pragma unroll
   for (int j = 0; j < C::BN / 8; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float& v = s[4 * j + 2 * i + h];
-      if (MASK) v = (kb0 + 8 * j + 2 * q + h < lim) ? v : hide;
-      mx[j & 3] = pick(mx[j & 3], v);
+      if (MASK) v = (kb0 + 8 * j + 2 * q + h < lim) ? v : IB_NEG_INF;
+      mx[j & 3] = max_nan(mx[j & 3], v);
     }
-  float mb = pick(pick(mx[0], mx[1]), pick(mx[2], mx[3]));
-  mb = pick(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-  return pick(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+  float mb = max_nan(max_nan(mx[0], mx[1]), max_nan(mx[2], mx[3]));
+  mb = max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+  return max_nan(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
 }
 
 // Online softmax over one key block (keys kb0 .. kb0+BN-1) for the thread's two rows (i = 0: row g, i = 1: row
 // g + 8 of its warp's 16). s[4j + 2i + h] holds the raw score S of key kb0 + 8j + 2q + h of row i (wgmma
 // accumulator layout); on return it holds p (f32). lim[i]: the row sees keys < lim[i] (0 for padding rows and rows
-// with pos < 0); MASK: some key of the block is not seen by one of the rows. The block's max is taken on the raw
-// scores and scaled once (rounding is monotone, so it is the max of the rounded products), then
-// p = 2^fma(S, sl2, -m'): one fma and one ex2 per score (FA3). The same instructions for every row.
-template <class C, bool MASK, bool NEG>
+// with pos < 0); MASK: some key of the block is not seen by one of the rows; sl2 = scale log2 e >= 0. The block's
+// max is taken on the raw scores and scaled once (rounding is monotone, so it is the max of the rounded products),
+// then p = 2^fma(S, sl2, -m'): one fma and one ex2 per score (FA3). The same instructions for every row.
+template <class C, bool MASK>
 __device__ __forceinline__ void attn_softmax_block(float* s, float* m, float* l, float* alpha, const int* lim, int kb0,
                                                    int q, float sl2) {
-  const float hide = NEG ? -IB_NEG_INF : IB_NEG_INF;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float mb = attn_block_extreme<C, MASK, NEG>(s, i, lim[i], kb0, q);
-    const float mn = mb == hide ? m[i] : max_nan(m[i], __fmul_rn(mb, sl2));  // log2 units; no key seen: unchanged
+    const float mb = attn_block_max<C, MASK>(s, i, lim[i], kb0, q);
+    const float mn = mb == IB_NEG_INF ? m[i] : max_nan(m[i], __fmul_rn(mb, sl2));  // log2 units; no key: unchanged
     const float mu = mn == IB_NEG_INF ? 0.f : mn;  // no visible key yet: p = 2^(-inf) = +0, not NaN
     alpha[i] = m[i] == mn ? 1.f : ex2(__fsub_rn(m[i], mu));  // exactly 1 when the max does not grow (also -inf = -inf)
     const float nmu = -mu;
@@ -224,7 +219,7 @@ __device__ __forceinline__ void attn_softmax_block(float* s, float* m, float* l,
 #pragma unroll
     for (int j = 0; j < C::BN / 8; ++j) {
       float p0 = ex2(fmaf(s[4 * j + 2 * i], sl2, nmu)), p1 = ex2(fmaf(s[4 * j + 2 * i + 1], sl2, nmu));
-      if (MASK) {  // exact zeros for the keys the row does not see, whatever the scale (hide * 0 = NaN)
+      if (MASK) {  // exact zeros for the keys the row does not see, whatever sl2 (-inf * 0 = NaN)
         p0 = kb0 + 8 * j + 2 * q < lim[i] ? p0 : 0.f;
         p1 = kb0 + 8 * j + 2 * q + 1 < lim[i] ? p1 : 0.f;
       }
@@ -237,21 +232,15 @@ __device__ __forceinline__ void attn_softmax_block(float* s, float* m, float* l,
   }
 }
 
-// The block's softmax. Uniform branches: the mask selects only in blocks where some row of the thread stops (they
-// would otherwise be computed for every block), the negative scale's min on its own path (the common path keeps
-// both rows' max and exp loops free to interleave).
+// The block's softmax. One path per mask state, chosen by a uniform branch: the selects run only in blocks where
+// some row of the thread stops (ptxas would otherwise compute them for every block). A second path for negative
+// scales would double the loop's code, which costs more than it saves once the split forwards' merge code shares
+// the instruction cache: the host passes -Q and |scale| instead (the same products).
 template <class C>
 __device__ __forceinline__ void attn_softmax(float* s, float* m, float* l, float* alpha, const int* lim, int kb0,
                                              int q, float sl2) {
-  const bool mask = kb0 + C::BN > min(lim[0], lim[1]);
-  if (sl2 < 0.f) {
-    if (mask) attn_softmax_block<C, true, true>(s, m, l, alpha, lim, kb0, q, sl2);
-    else attn_softmax_block<C, false, true>(s, m, l, alpha, lim, kb0, q, sl2);
-  } else if (mask) {
-    attn_softmax_block<C, true, false>(s, m, l, alpha, lim, kb0, q, sl2);
-  } else {
-    attn_softmax_block<C, false, false>(s, m, l, alpha, lim, kb0, q, sl2);
-  }
+  if (kb0 + C::BN > min(lim[0], lim[1])) attn_softmax_block<C, true>(s, m, l, alpha, lim, kb0, q, sl2);
+  else attn_softmax_block<C, false>(s, m, l, alpha, lim, kb0, q, sl2);
 }
 
 // p (f32 accumulator layout) -> wgmma A fragments in the input dtype, rounded once (RNE). For k16 step kk the
@@ -406,7 +395,7 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
     lim[i] = !live[i] ? 0 : (causal ? pos + 1 : kvl);
     orow[i] = qrow0 + rt;
   }
-  const float sl2 = __fmul_rn(p.scale, IB_LOG2E);  // scores in log2 units: s = S * sl2, p = 2^(s - m)
+  const float sl2 = __fmul_rn(p.scale, IB_LOG2E);  // >= 0 (scale >= 0: README); p = 2^fma(S, sl2, -m), log2 units
   float m[2] = {IB_NEG_INF, IB_NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
   float o[D / 2];
   float s[BN / 2];

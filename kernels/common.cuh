@@ -117,13 +117,6 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   return y;
 }
 
-// min that propagates NaN, as max_nan.
-__device__ __forceinline__ float min_nan(float a, float b) {
-  float y;
-  asm("min.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
-  return y;
-}
-
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -482,6 +482,8 @@ def attn_fwd(q, k, v, kv_lens=None, causal=True, scale=None, out=None, lse=None,
         kv_lens = torch.full((B,), KV, dtype=torch.int32, device="cuda")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    if scale < 0:  # the forward takes scale >= 0: the host passes -Q and |scale| (the same products)
+        q, scale = -q, -scale
     if out is None:
         out = torch.full_like(q, float("nan"))
     if lse is None:

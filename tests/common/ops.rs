@@ -91,8 +91,8 @@ fn lens<B: Backend>(l: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
     ints::<B>(l.iter().map(|&x| x as i64).collect(), device)
 }
 
-/// Values against f64: causal and not, GQA, ragged `kv_lens` with empty and short rows; head
-/// sizes 64 and 128 are those of the tensor-core forward (f16/bf16 on CUDA).
+/// Values against f64: causal and not, GQA, ragged `kv_lens` with empty and short rows, negative
+/// and zero scales; head sizes 64 and 128 are those of the tensor-core forward (f16/bf16 on CUDA).
 pub fn attention_values<B: InvariantBackend>(device: &B::Device, dtype: DType) {
     for head_dim in [40, 64, 128] {
         attention_values_at::<B>(device, dtype, head_dim);
@@ -109,9 +109,16 @@ fn attention_values_at<B: InvariantBackend>(device: &B::Device, dtype: DType, he
         head_dim,
     };
     let kv_lens = [77, 3, 0];
-    for causal in [true, false] {
+    // The default scale, a negative one (Sm90 runs it as -q with |scale|) and 0 (every score 0).
+    let default = 1.0 / (d.head_dim as f64).sqrt();
+    for (causal, scale) in [
+        (true, default),
+        (false, default),
+        (true, -0.3),
+        (false, -0.3),
+        (true, 0.0),
+    ] {
         let [q, k, v] = qkv::<B>(device, dtype, d, 11);
-        let scale = 1.0 / (d.head_dim as f64).sqrt();
         let want = attention_f64(
             &values(q.clone()),
             &values(k.clone()),
@@ -121,11 +128,13 @@ fn attention_values_at<B: InvariantBackend>(device: &B::Device, dtype: DType, he
             causal,
             scale as f32 as f64,
         );
-        let opts = AttentionOptions::default().with_causal(causal);
+        let opts = AttentionOptions::default()
+            .with_causal(causal)
+            .with_scale(scale);
         let out = attention(q, k, v, Some(lens::<B>(&kv_lens, device)), &opts).unwrap();
         assert_eq!(out.dtype(), dtype);
         assert_close(
-            &format!("attention {dtype:?} D={head_dim} causal={causal}"),
+            &format!("attention {dtype:?} D={head_dim} causal={causal} scale={scale}"),
             &values(out),
             &want,
             tolerance(dtype),

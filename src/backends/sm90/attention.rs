@@ -123,6 +123,13 @@ pub(crate) fn attention(
     let out = empty(&query, vec![b, h, q, dh], dtype);
     let lse = empty(&query, vec![b, h, q], DType::F32);
     let kv_lens = into_contiguous(kv_lens);
+    // The forward takes a scale >= 0 (one softmax path, README "Numerics"): -Q with |scale| gives the
+    // same products, exactly.
+    let (query, scale) = if scale < 0.0 {
+        (CudaOps::float_neg(query), -scale)
+    } else {
+        (query, scale)
+    };
     let [query, key, value] = [query, key, value].map(|t| TmaOperand::new(row_view(t)));
     let params = attn_params([b, h, q, kh, kv], causal, scale);
     let grid = b * kh * (h / kh * q).div_ceil(Q_TILE);
