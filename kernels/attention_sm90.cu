@@ -132,28 +132,34 @@ struct AttnMma<__half, 128> {
   static __device__ __forceinline__ void rs(float* d, const u32* a, u64 b) { wgmma_rs_m64n128k16_f16(d, a, b); }
 };
 
-// Launch shape and shared-memory layout of one entry point. Block = 384 threads: warpgroup 0 = producer (warp 0
-// issues every TMA and zeroes the V rows past kv_len), warpgroups 1, 2 = consumers (64 query rows each).
+// Launch shape and shared-memory layout of one entry point. Block = 128 (NC + 1) threads: warpgroup 0 = producer
+// (warp 0 issues every TMA and zeroes the V rows past kv_len), warpgroups 1 .. NC = consumers (64 query rows each).
+// NC = 2: each consumer overlaps its softmax with its own P.V wgmma (and at Dh 128 the two ping-pong). NC = 3: one
+// block at a time per consumer (S, softmax, P.V), the three overlapping each other; the freed registers (S and P
+// are never live together) fit the 160 per thread three consumers leave.
 // Shared memory (1024-aligned base): Q tile [BM x D] | K ring ST x [BN x D] | V ring ST x [BN x D] | mbarriers.
 // Every tile is made of 8 KiB TMA boxes (64 rows x 64 columns, 128 B swizzle):
-//   Q box (row block c, column chunk dc) at Q + (dc * 2 + c) * 8192        (A of S = Q.K^T, K-major)
+//   Q box (row block c, column chunk dc) at Q + (dc * NC + c) * 8192       (A of S = Q.K^T, K-major)
 //   K box (key block kb, column chunk dc) at K + (dc * KC + kb) * 8192    (B of S, K-major: a chunk's BN keys
 //                                                                          contiguous, 8-row groups 1024 B apart)
 //   V box (key block kb, column chunk dc) at V + (kb * DC + dc) * 8192    (B of O += P.V, MN-major: the DC
 //                                                                          column chunks of 64 keys 8192 B apart)
-template <class T, int D_, int BN_, int ST_>
+template <class T, int D_, int BN_, int ST_, int NC_ = 2>
 struct AttnCfg {
-  static constexpr int D = D_, BN = BN_, ST = ST_, BM = ATTN_Q_TILE, NTHREADS = 384;
+  static constexpr int D = D_, BN = BN_, ST = ST_, NC = NC_, BM = 64 * NC, NTHREADS = 128 * (NC + 1);
+  // setmaxnreg: the 64K registers over the producer and the NC consumer warpgroups
+  static constexpr int PRODUCER_REGS = NC == 2 ? 40 : 32, CONSUMER_REGS = NC == 2 ? 232 : 160;
   static constexpr int DC = D / 64, KC = BN / 64;
   static constexpr int Q_BYTES = BM * D * 2, K_BYTES = BN * D * 2, V_BYTES = BN * D * 2;
   // barriers: q, z, then full_k, full_v, empty_k, empty_v per stage (at most 128 bytes)
   static constexpr int SMEM_BYTES = 1024 + Q_BYTES + ST * (K_BYTES + V_BYTES) + 128;
   // MODE 1 parks each consumer thread's running O (D/2 f32) after the barriers
-  static constexpr int SPLIT_SMEM_BYTES = SMEM_BYTES + 256 * (D / 2) * 4;
+  static constexpr int SPLIT_SMEM_BYTES = SMEM_BYTES + 128 * NC * (D / 2) * 4;
   static constexpr int SPLIT_BLOCKS = ATTN_SPLIT / BN;
   static_assert(D % 64 == 0 && BN % 64 == 0 && (2 + 4 * ST) * 8 <= 128 && ATTN_SPLIT % BN == 0, "AttnCfg");
   static_assert(BN == 128, "S = Q.K^T uses m64n128k16");
-  static_assert(BM == 128, "two consumer warpgroups of 64 rows");
+  static_assert((NC == 2 && BM == ATTN_Q_TILE) || NC == 3, "two (the op's tile) or three consumer warpgroups");
+  static_assert(128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= 65536, "register file");
 };
 
 // S = Q . K_blk^T for this warpgroup's 64 rows: D/16 k16 steps over Dh ascending, one commit group.
@@ -162,7 +168,7 @@ __device__ __forceinline__ void attn_issue_s(float* s, u32 qa, u32 ka) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < C::D / 16; ++kk) {
-    const u64 da = gmma_desc(qa + (kk >> 2) * 2 * 8192 + (kk & 3) * 32, 16, 1024);
+    const u64 da = gmma_desc(qa + (kk >> 2) * C::NC * 8192 + (kk & 3) * 32, 16, 1024);
     const u64 db = gmma_desc(ka + (kk >> 2) * C::KC * 8192 + (kk & 3) * 32, 16, 1024);
     AttnMma<T, C::BN>::ss(s, da, db, kk > 0 ? 1u : 0u);
   }
@@ -253,6 +259,20 @@ __device__ __forceinline__ void attn_to_p(u32 (*pa)[4], const float* s) {
     for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
 }
 
+// O *= alpha per row (the thread's two rows), skipped where no row of the warp saw its max grow: o * 1 = o, bit for
+// bit (NaN included: canonical).
+template <int D>
+__device__ __forceinline__ void attn_rescale(float* o, const float* alpha) {
+  if (__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    o[4 * j] = __fmul_rn(o[4 * j], alpha[0]);
+    o[4 * j + 1] = __fmul_rn(o[4 * j + 1], alpha[0]);
+    o[4 * j + 2] = __fmul_rn(o[4 * j + 2], alpha[1]);
+    o[4 * j + 3] = __fmul_rn(o[4 * j + 3], alpha[1]);
+  }
+}
+
 // One split's state (its own online softmax from a fresh start) merged into the running state of the splits
 // before it: explicit IEEE ops, the same in attn_fwd_body MODE 1 and ib_attn_merge.
 __device__ __forceinline__ void attn_merge_scales(float M, float m, float& a, float& b) {
@@ -274,6 +294,8 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
                                               T* __restrict__ out, float* __restrict__ lse,
                                               float* __restrict__ ws_o, float* __restrict__ ws_ml) {
   constexpr int BM = C::BM, BN = C::BN, D = C::D, ST = C::ST, DC = C::DC, KC = C::KC, SB = C::SPLIT_BLOCKS;
+  constexpr int NC = C::NC, NCT = 128 * NC;  // consumer warpgroups, consumer threads
+  static_assert(NC == 2 || MODE == 0, "the split forwards run two consumer warpgroups");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* const sq = (unsigned char*)(((u64)smem_raw + 1023) & ~(u64)1023);
   unsigned char* const sk = sq + C::Q_BYTES;
@@ -304,7 +326,7 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   const int pmax = kvl - Q + imax;
   const int maxlim = pmax < 0 ? 0 : (causal ? pmax + 1 : kvl);
   const int nblk = cdiv(maxlim, BN);
-  const int nact = nrow > 64 ? 2 : 1;  // consumer warpgroups with at least one real row
+  const int nact = NC == 2 ? (nrow > 64 ? 2 : 1) : cdiv(nrow, 64);  // consumer warpgroups with a real row
   // the CTA's blocks [n0, n1): all, or one split's (MODE 2; none: nothing to write, no row of the merge reads it)
   const int n0 = MODE == 2 ? sp * SB : 0, n1 = MODE == 2 ? min(nblk, n0 + SB) : nblk, nb = n1 - n0;
 
@@ -327,14 +349,14 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer (warp 0; warps 1-3 leave)
-    reg_dealloc<40>();
+    reg_dealloc<C::PRODUCER_REGS>();
     if (tid >= 32 || nb <= 0) return;
     const int lane = tid;
     if (lane == 0) {
       mbar_expect_tx(bar_q, nact * 64 * D * 2);
       for (int c = 0; c < nact; ++c)
 #pragma unroll
-        for (int dc = 0; dc < DC; ++dc) tma_load_2d(sq + (dc * 2 + c) * 8192, tmQ, bar_q, dc * 64, qrow0 + 64 * c);
+        for (int dc = 0; dc < DC; ++dc) tma_load_2d(sq + (dc * NC + c) * 8192, tmQ, bar_q, dc * 64, qrow0 + 64 * c);
     }
     for (int n = n0; n < n1; ++n) {
       const int st = (n - n0) % ST;
@@ -379,7 +401,7 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   }
 
   // ---------------------------------------------------------------- consumers
-  reg_alloc<232>();
+  reg_alloc<C::CONSUMER_REGS>();
   const int c = wg - 1;
   if (c >= nact) return;  // all 64 rows are padding (decode, small groups): nothing to compute or release
   const int w = tid >> 5, ln = tid & 31, g = ln >> 2, q = ln & 3;
@@ -404,7 +426,7 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
   for (int k = 0; k < D / 2; ++k) o[k] = 0.f;
   // MODE 1: the running state of the splits before the current one (O in shared memory, one slot per thread)
   float run_m[2] = {IB_NEG_INF, IB_NEG_INF}, run_l[2] = {0.f, 0.f};
-  float* const run = (float*)((unsigned char*)bar_q + 128) + c * 128 + tid;  // element k at run[256 k]
+  float* const run = (float*)((unsigned char*)bar_q + 128) + c * 128 + tid;  // element k at run[NCT k]
   auto fold = [&](int spi, const float* mm, const float* ll) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -418,17 +440,40 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int k = 4 * j + 2 * i + h;
-          run[256 * k] = spi > 0 ? attn_merge(run[256 * k], a, o[k], b) : o[k];
+          run[NCT * k] = spi > 0 ? attn_merge(run[NCT * k], a, o[k], b) : o[k];
         }
     }
   };
 
-  if (nb > 0) {
+  if (NC == 3 && nb > 0) {
+    // one block at a time: S_n, its softmax, O = O * alpha + P_n V_n (the same operations per row as below)
+    const u32 qa = smem_addr(sq + c * 8192), ka = smem_addr(sk), va = smem_addr(sv);
+    mbar_wait(bar_q, 0);
+    for (int t = 0; t < nb; ++t) {
+      const int st = t % ST;
+      const u32 ph = (u32)(t / ST) & 1u;
+      mbar_wait(&full_k[st], ph);
+      attn_issue_s<T, C>(s, qa, ka + st * C::K_BYTES);
+      wgmma_wait<0>();
+      fence_regs<BN / 2>(s);
+      if (tid == 0) mbar_arrive(&empty_k[st]);
+      attn_softmax<C>(s, m, l, alpha, lim, (n0 + t) * BN, q, sl2);
+      if (t > 0) attn_rescale<D>(o, alpha);
+      attn_to_p<T, C>(pa, s);
+      mbar_wait(&full_v[st], ph);
+      fence_regs<D / 2>(o);
+      fence_regs_u32<BN / 4>(&pa[0][0]);
+      attn_issue_pv<T, C>(o, pa, va + st * C::V_BYTES);
+      wgmma_wait<0>();
+      fence_regs<D / 2>(o);
+      if (tid == 0) mbar_arrive(&empty_v[st]);
+    }
+  } else if (nb > 0) {
     const u32 qa = smem_addr(sq + c * 8192), ka = smem_addr(sk), va = smem_addr(sv);
     // ping-pong turns: nblk + 1 batches per warpgroup; the second lets the first go first and skips its last pass.
     // Dh 128 only: at Dh 64 the softmax outweighs the MMAs and the turns cost more than they overlap (H100:
     // 1.43x -> 1.58x cuDNN at S 4096, while Dh 128 went 1.47x -> 1.39x and 1.37x -> 1.31x).
-    const bool pp = nact == 2 && D == 128;
+    const bool pp = NC == 2 && nact == 2 && D == 128;
     const int kb0 = n0 * BN;
     if (pp && c == 1) pingpong_pass(c);
     mbar_wait(bar_q, 0);
@@ -478,15 +523,8 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
         fold(n / SB - 1, ms, ls);
 #pragma unroll
         for (int k = 0; k < D / 2; ++k) o[k] = 0.f;
-      } else if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
-        // skipped where no row of the warp saw its max grow: o * 1 = o, bit for bit (NaN included: canonical)
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[4 * j] = __fmul_rn(o[4 * j], alpha[0]);
-          o[4 * j + 1] = __fmul_rn(o[4 * j + 1], alpha[0]);
-          o[4 * j + 2] = __fmul_rn(o[4 * j + 2], alpha[1]);
-          o[4 * j + 3] = __fmul_rn(o[4 * j + 3], alpha[1]);
-        }
+      } else {
+        attn_rescale<D>(o, alpha);
       }
       attn_to_p<T, C>(pa, s);
     }
@@ -509,7 +547,7 @@ __device__ __forceinline__ void attn_fwd_body(const TmaDesc* tmQ, const TmaDesc*
         l[i] = run_l[i];
       }
 #pragma unroll
-      for (int k = 0; k < D / 2; ++k) o[k] = run[256 * k];
+      for (int k = 0; k < D / 2; ++k) o[k] = run[NCT * k];
     }
   }
   if (MODE == 2) {
@@ -1011,6 +1049,27 @@ IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 0, SMEM_BY
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d128)
 IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 0, SMEM_BYTES, 164992)
+#endif
+
+// The forward with three consumer warpgroups (192-row tiles, FA3's shape at Dh 64), each walking one block at a
+// time: the same operations per row as ib_attn_fwd (rows are independent of their tile), so the same bits. Not
+// behind the op: tools/sm90_harness.py runs it (kind "wide_").
+#define IB_ATTN_WIDE_ENTRY(NAME, T, D, BN, ST, SMEM)                                                        \
+  extern "C" __global__ void __launch_bounds__(512, 1)                                                      \
+      NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
+           const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
+           const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
+           T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
+    static_assert(ib::AttnCfg<T, D, BN, ST, 3>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory"); \
+    static_assert(ib::AttnCfg<T, D, BN, ST, 3>::NTHREADS == 512, "entries.txt: threads");                  \
+    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST, 3>, 0>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
+  }
+
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_wide_bf16_d64)
+IB_ATTN_WIDE_ENTRY(ib_attn_fwd_wide_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 91264)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_wide_f16_d64)
+IB_ATTN_WIDE_ENTRY(ib_attn_fwd_wide_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 91264)
 #endif
 
 // Split forwards (README "Fixed splits"): ib_attn_fwd_split (IB_ATTN_ENTRY with MODE 1: the forward's grid and

@@ -474,7 +474,8 @@ ATTN_SPLIT = CONSTANTS["ATTN_SPLIT"]
 def attn_fwd(q, k, v, kv_lens=None, causal=True, scale=None, out=None, lse=None, kind=""):
     """ib_attn_fwd_<T>_d<Dh> (README 'Attention'): q [B,H,Q,Dh], k/v [B,KH,KV,Dh] contiguous, kv_lens int32 [B]
     (None: KV). Returns (out [B,H,Q,Dh] in q's dtype, lse [B,H,Q] f32); out/lse are NaN-filled first unless given.
-    kind "split_": the forward merging fixed splits of ATTN_SPLIT keys; "part_": one CTA per split + the merge."""
+    kind "split_": the forward merging fixed splits of ATTN_SPLIT keys; "part_": one CTA per split + the merge;
+    "wide_" (Dh 64): three consumer warpgroups, 192-row tiles, the same bits as "" (not behind the op)."""
     B, H, Q, D = q.shape
     KH, KV = k.shape[1], k.shape[2]
     assert q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and H % KH == 0 and KV >= 1
@@ -606,6 +607,11 @@ def test_attn():
                     check(f"attn {tag} B={B} H={H} KH={KH} Q={Q} KV={KV} lens={L}",
                           e <= tol and written and dl < 2e-3 and dead_ok,
                           f"rel={e:.2e} max|dlse|={dl:.1e} written={written} pos<0 rows zero/-inf={dead_ok}")
+                    if D == 64:  # three consumer warpgroups (192-row tiles): the same operations per row
+                        ow, lw = attn_fwd(q, k, v, lens, causal, kind="wide_")
+                        check(f"attn wide {tag} B={B} H={H} KH={KH} Q={Q} KV={KV} lens={L}: == ib_attn_fwd bitwise",
+                              torch.equal(ow, out) and torch.equal(lw, lse),
+                              f"mismatches={(ow != out).sum().item()}")
                 # ---- invariance on a ragged, padded batch (bitwise)
                 B, H, KH, Q, KV = 3, 8, 2, 37, 150
                 L = [150, 90, 41]
@@ -1011,6 +1017,12 @@ def attn_perf():
             if ref is None:
                 ref = fn()
             res[backend] = bench(fn)
+        if D == 64 and kind == "":  # the three-warpgroup forward beside it (harness only)
+            wide = runner(record(lambda: attn_fwd(q, k, v, None, causal, out=out, lse=lse, kind="wide_")))
+            res["wide"] = bench(wide)
+            print(f"  wide (3 consumer warpgroups): {res['wide']:.4f} ms", flush=True)
+            ours()
+            torch.cuda.synchronize()
         err = rel(out, ref) if ref is not None else float("nan")
         check(f"attnperf {label} B={B} Q={Q} KV={KV} Dh={D}: output vs SDPA", ref is None or err < 1e-2,
               f"rel={err:.1e}")
@@ -1191,7 +1203,7 @@ def sanitize():
                 out, lse = attn_fwd(q, k, v, _lens([150, 20]), causal)
                 attn_bwd(q, k, v, out, lse, rnd(2, 8, 37, D, dt=dt), _lens([150, 20]), causal)
                 attn_fwd(q[:, :, :1].contiguous(), k, v, _lens([149, 0]), causal)
-                for kind in ("split_", "part_"):
+                for kind in ("split_", "part_") + (("wide_",) if D == 64 else ()):
                     attn_fwd(q, k, v, _lens([150, 20]), causal, kind=kind)
         for D in (64, 128):
             q = rnd(1, 4, 3, D, dt=dt); k = rnd(1, 1, 4200, D, dt=dt); v = rnd(1, 1, 4200, D, dt=dt)

@@ -268,21 +268,27 @@ fn gmma(kernel: &Kernel, src: &str) -> Option<([u64; 6], u64)> {
     Some((config, extra))
 }
 
-/// An attention kernel's own shared-memory layout (not `ib::Gmma`'s): the rows of its tile (the
-/// constant), `Dh` and the stages from `ib::AttnCfg<T, D, BN, ST>` (forward) or
+/// An attention kernel's own shared-memory layout (not `ib::Gmma`'s): the rows of its tile
+/// (`ATTN_Q_TILE`, or 64 per consumer warpgroup where `ib::AttnCfg<T, D, BN, ST, NC>` names them;
+/// `ATTN_BWD_TILE`), `Dh` and the stages from `ib::AttnCfg` (forward) or
 /// `ib::AttnBwdCfg<T, D, ST>` (backward), and the dynamic shared memory of its
 /// `SMEM_BYTES == <n>` static_assert (which NVRTC checks against the layout).
-fn attn(kernel: &Kernel) -> Option<(&'static str, u64, u64, u64)> {
+fn attn(kernel: &Kernel) -> Option<(u64, u64, u64, u64)> {
     let text = &kernel.text;
     let (rows, head_dim, stages) = match text.find("AttnCfg<") {
         Some(at) => {
             let config = args(group(&text[at + 7..]).0);
-            ("ATTN_Q_TILE", eval(&config[1]), eval(&config[3]))
+            let rows = match config.get(4) {
+                Some(nc) => 64 * eval(nc),
+                None => table::constant("ATTN_Q_TILE") as u64,
+            };
+            (rows, eval(&config[1]), eval(&config[3]))
         }
         None => {
             let at = text.find("AttnBwdCfg<")?;
             let config = args(group(&text[at + 10..]).0);
-            ("ATTN_BWD_TILE", eval(&config[1]), eval(&config[2]))
+            let rows = table::constant("ATTN_BWD_TILE") as u64;
+            (rows, eval(&config[1]), eval(&config[2]))
         }
     };
     let (_, rest) = text.split_once("SMEM_BYTES == ")?;
@@ -311,7 +317,7 @@ fn check_shape(kernel: &Kernel, (entry, line): (Entry, &[u8]), src: &str) {
     let [rows, cols] = entry.tile;
     if let Some((tile_rows, head_dim, ring, smem)) = attn(kernel) {
         // tile: query rows or keys per CTA x Dh; stages: the operand ring
-        assert_eq!(rows, table::constant(tile_rows), "{name}: tile rows");
+        assert_eq!(rows as u64, tile_rows, "{name}: tile rows");
         assert_eq!(cols as u64, head_dim, "{name}: tile columns vs Dh");
         assert_eq!(stages, ring, "{name}: stages vs the operand ring");
         assert_eq!(
