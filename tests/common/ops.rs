@@ -329,7 +329,8 @@ fn attention_grads<B: InvariantBackend + AutodiffBackend>(
     ]
 }
 
-/// Gradients against f64 (analytic softmax-attention gradients on the stored values).
+/// Gradients against f64 (analytic softmax-attention gradients on the stored values), at the
+/// default scale and a negative one.
 pub fn attention_gradients<B: InvariantBackend + AutodiffBackend>(
     device: &B::Device,
     dtype: DType,
@@ -367,14 +368,20 @@ fn attention_gradients_at<B: InvariantBackend + AutodiffBackend>(
         values(v.clone()),
         values(up.clone()),
     );
-    let opts = AttentionOptions::default();
-    let [_, dq, dk, dv] = attention_grads([q, k, v], Some(lens::<B>(&kv_lens, device)), up, &opts);
-    let scale = (1.0 / (d.head_dim as f64).sqrt()) as f32 as f64;
-    let (wq, wk, wv) = attention_grads_f64(&qv, &kvv, &vv, &upv, d, &kv_lens, scale);
-    let tol = 10.0 * tolerance(dtype);
-    for (what, got, want) in [("dQuery", dq, wq), ("dKey", dk, wk), ("dValue", dv, wv)] {
-        let what = format!("{what} (head_dim {head_dim})");
-        assert_close(&what, &values(got), &want, tol);
+    // The default scale and a negative one (Sm90's forward runs it as -q with |scale|).
+    let default = (1.0 / (d.head_dim as f64).sqrt()) as f32 as f64;
+    for scale in [default, -0.3] {
+        let opts = AttentionOptions::default().with_scale(scale);
+        let lens = Some(lens::<B>(&kv_lens, device));
+        let qkv = [q.clone(), k.clone(), v.clone()];
+        let [_, dq, dk, dv] = attention_grads(qkv, lens, up.clone(), &opts);
+        let scale = scale as f32 as f64;
+        let (wq, wk, wv) = attention_grads_f64(&qv, &kvv, &vv, &upv, d, &kv_lens, scale);
+        let tol = 10.0 * tolerance(dtype);
+        for (what, got, want) in [("dQuery", dq, wq), ("dKey", dk, wk), ("dValue", dv, wv)] {
+            let what = format!("{what} (head_dim {head_dim}, scale {scale})");
+            assert_close(&what, &values(got), &want, tol);
+        }
     }
 }
 
