@@ -15,7 +15,8 @@
 # (benches/sdpa_reference.py) and Burn's attention, table in $OUT/attention_table.md; its parts, one device call each where time is short:
 # `attnours` (ours: prefill, decode, RMSNorm), `attnref` (SDPA, Burn), `attnmore` (memory; decode and RMSNorm
 # with BURN_INVARIANT_IMPL=cubecl); `attnsanitize`: compute-sanitizer on the attention and rms_norm tests of
-# cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl.
+# cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl. `sm90attn`, `sm90sanitize`:
+# the raw SM90 attention through kernels/tools/sm90_harness.py (no Rust binary), and compute-sanitizer on it.
 # `wholemodel`: the whole-model timing (.gpu/whole_model, benches/whole_model.rs): ours (registry default, then
 # BURN_INVARIANT_IMPL=cubecl), Burn's own ops, the f32 check (NdArray) and PyTorch (benches/whole_model.py, which also
 # compares its f32 log-probs with the check's); table in $OUT/whole_model.md; its parts `wmours` (check, ours twice)
@@ -26,7 +27,7 @@ set -uo pipefail
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn
+MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn, sm90sanitize
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -134,12 +135,17 @@ if has wholemodel || has wmref; then
   wm_table
 fi
 if has wholemodel || has wmours || has wmref; then cat "$OUT/whole_model.md"; fi
-# `sm90attn`: the raw SM90 attention forward (kernels/attention_sm90.cu, not yet behind the API) through its harness:
-# values, every invariance, then timings beside SDPA. Needs no Rust binary.
+# `sm90attn`: the raw SM90 attention (kernels/attention_sm90.cu) through its harness: forward (the wide Dh 64 variant
+# included), splits and backward against f64 and every invariance, then timings beside SDPA. Needs no Rust binary.
 if has sm90attn; then
-  step sm90_attn 240 python3 kernels/tools/sm90_harness.py --only attn
-  step sm90_attnperf 240 python3 kernels/tools/sm90_harness.py --only attnperf
-  grep -h "PASS\|FAIL\|RESULT\|ratio" "$OUT/sm90_attn.log" "$OUT/sm90_attnperf.log" | tail -40
+  step sm90_attn 240 python3 kernels/tools/sm90_harness.py --only attn,attnsplit,attnbwd
+  step sm90_attnperf 240 python3 kernels/tools/sm90_harness.py --only attnperf,attnlong
+  grep -h "FAIL\|SUMMARY" "$OUT/sm90_attn.log" | tail -20; grep -h "^| \|wide" "$OUT/sm90_attnperf.log" | tail -24
+fi
+# `sm90sanitize`: compute-sanitizer (memcheck, racecheck) on the harness's sanitize workload (every raw entry point).
+if has sm90sanitize; then
+  step sm90_memcheck 240 compute-sanitizer --tool memcheck python3 kernels/tools/sm90_harness.py --only sanitize
+  step sm90_racecheck 240 compute-sanitizer --tool racecheck python3 kernels/tools/sm90_harness.py --only sanitize
 fi
 if has example; then
   step example 120 .gpu/lm_head; tail -6 "$OUT/example.log"
