@@ -1024,52 +1024,43 @@ __device__ __forceinline__ void attn_bwd_dkdv_body(const TmaDesc* tmQz, const Tm
 }  // namespace ib
 
 // Entry points: ib_attn_fwd_<T>_d<Dh>. Signature (README "Build model"): the three maps, one pointer per map,
-// the buffers (query, key, value: read through the maps; kv_lens; out; lse), then AttnParams. MODE: attn_fwd_body's
-// (0 plain, 1 merging its splits); the static_assert ties the table's dynamic shared memory (the SMEM argument) to
-// the mode's layout (AttnCfg::SMEM_BYTES or ::SPLIT_SMEM_BYTES).
-#define IB_ATTN_ENTRY(NAME, T, D, BN, ST, MODE, LAYOUT, SMEM)                                            \
-  extern "C" __global__ void __launch_bounds__(384, 1)                                                      \
+// the buffers (query, key, value: read through the maps; kv_lens; out; lse), then AttnParams. NC: consumer
+// warpgroups (THREADS = 128 (NC + 1)); MODE: attn_fwd_body's (0 plain, 1 merging its splits); the static_asserts tie
+// the table's threads and dynamic shared memory (the SMEM argument) to the mode's layout (AttnCfg::SMEM_BYTES or
+// ::SPLIT_SMEM_BYTES).
+#define IB_ATTN_ENTRY(NAME, T, D, BN, ST, NC, THREADS, MODE, LAYOUT, SMEM)                                \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                  \
       NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
            const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
            const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
            T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
-    static_assert(ib::AttnCfg<T, D, BN, ST>::LAYOUT == SMEM, "entries.txt: dynamic shared memory");        \
-    static_assert(ib::AttnCfg<T, D, BN, ST>::NTHREADS == 384, "entries.txt: threads");                     \
-    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST>, MODE>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
+    static_assert(ib::AttnCfg<T, D, BN, ST, NC>::LAYOUT == SMEM, "entries.txt: dynamic shared memory");    \
+    static_assert(ib::AttnCfg<T, D, BN, ST, NC>::NTHREADS == THREADS, "entries.txt: threads");             \
+    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST, NC>, MODE>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, \
+                                                              nullptr);                                     \
   }
 
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_bf16_d64)
-IB_ATTN_ENTRY(ib_attn_fwd_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 0, SMEM_BYTES, 83072)
+IB_ATTN_ENTRY(ib_attn_fwd_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 2, 384, 0, SMEM_BYTES, 83072)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_bf16_d128)
-IB_ATTN_ENTRY(ib_attn_fwd_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 0, SMEM_BYTES, 164992)
+IB_ATTN_ENTRY(ib_attn_fwd_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 2, 384, 0, SMEM_BYTES, 164992)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d64)
-IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 0, SMEM_BYTES, 83072)
+IB_ATTN_ENTRY(ib_attn_fwd_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 2, 384, 0, SMEM_BYTES, 83072)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_f16_d128)
-IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 0, SMEM_BYTES, 164992)
+IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 2, 384, 0, SMEM_BYTES, 164992)
 #endif
 
 // The forward with three consumer warpgroups (192-row tiles, FA3's shape at Dh 64), each walking one block at a
 // time: the same operations per row as ib_attn_fwd (rows are independent of their tile), so the same bits. Not
 // behind the op: tools/sm90_harness.py runs it (kind "wide_").
-#define IB_ATTN_WIDE_ENTRY(NAME, T, D, BN, ST, SMEM)                                                        \
-  extern "C" __global__ void __launch_bounds__(512, 1)                                                      \
-      NAME(const __grid_constant__ TmaDesc tmQ, const __grid_constant__ TmaDesc tmK,                        \
-           const __grid_constant__ TmaDesc tmV, const void* mapQ, const void* mapK, const void* mapV,       \
-           const T* query, const T* key, const T* value, const int* __restrict__ kv_lens,                  \
-           T* __restrict__ out, float* __restrict__ lse, const __grid_constant__ AttnParams p) {            \
-    static_assert(ib::AttnCfg<T, D, BN, ST, 3>::SMEM_BYTES == SMEM, "entries.txt: dynamic shared memory"); \
-    static_assert(ib::AttnCfg<T, D, BN, ST, 3>::NTHREADS == 512, "entries.txt: threads");                  \
-    ib::attn_fwd_body<T, ib::AttnCfg<T, D, BN, ST, 3>, 0>(&tmQ, &tmK, &tmV, p, kv_lens, out, lse, nullptr, nullptr); \
-  }
-
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_wide_bf16_d64)
-IB_ATTN_WIDE_ENTRY(ib_attn_fwd_wide_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 91264)
+IB_ATTN_ENTRY(ib_attn_fwd_wide_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 3, 512, 0, SMEM_BYTES, 91264)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_wide_f16_d64)
-IB_ATTN_WIDE_ENTRY(ib_attn_fwd_wide_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 91264)
+IB_ATTN_ENTRY(ib_attn_fwd_wide_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 3, 512, 0, SMEM_BYTES, 91264)
 #endif
 
 // Split forwards (README "Fixed splits"): ib_attn_fwd_split (IB_ATTN_ENTRY with MODE 1: the forward's grid and
@@ -1091,7 +1082,7 @@ IB_ATTN_WIDE_ENTRY(ib_attn_fwd_wide_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 
     ib::attn_merge_body<T, D>(p, (int)(blockIdx.x * 8 + (threadIdx.x >> 5)), kv_lens, ws_o, ws_ml, out, lse); \
   }
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_bf16_d64)
-IB_ATTN_ENTRY(ib_attn_fwd_split_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 1, SPLIT_SMEM_BYTES, 115840)
+IB_ATTN_ENTRY(ib_attn_fwd_split_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 2, 384, 1, SPLIT_SMEM_BYTES, 115840)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_bf16_d64)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
@@ -1100,7 +1091,7 @@ IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_
 IB_ATTN_MERGE_ENTRY(ib_attn_merge_bf16_d64, __nv_bfloat16, 64)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_bf16_d128)
-IB_ATTN_ENTRY(ib_attn_fwd_split_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 1, SPLIT_SMEM_BYTES, 230528)
+IB_ATTN_ENTRY(ib_attn_fwd_split_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 2, 384, 1, SPLIT_SMEM_BYTES, 230528)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_bf16_d128)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
@@ -1109,7 +1100,7 @@ IB_ATTN_PART_ENTRY(ib_attn_fwd_part_bf16_d128, __nv_bfloat16, 128, ATTN_KEY_BLOC
 IB_ATTN_MERGE_ENTRY(ib_attn_merge_bf16_d128, __nv_bfloat16, 128)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_f16_d64)
-IB_ATTN_ENTRY(ib_attn_fwd_split_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 1, SPLIT_SMEM_BYTES, 115840)
+IB_ATTN_ENTRY(ib_attn_fwd_split_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 2, 384, 1, SPLIT_SMEM_BYTES, 115840)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_f16_d64)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 83072)
@@ -1118,7 +1109,7 @@ IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d64, __half, 64, ATTN_KEY_BLOCK_D64, 2, 
 IB_ATTN_MERGE_ENTRY(ib_attn_merge_f16_d64, __half, 64)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_split_f16_d128)
-IB_ATTN_ENTRY(ib_attn_fwd_split_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 1, SPLIT_SMEM_BYTES, 230528)
+IB_ATTN_ENTRY(ib_attn_fwd_split_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 2, 384, 1, SPLIT_SMEM_BYTES, 230528)
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_part_f16_d128)
 IB_ATTN_PART_ENTRY(ib_attn_fwd_part_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 164992)
