@@ -6,7 +6,8 @@
 //! - `Invariant`: the public `burn_invariant::attention` / `rms_norm` on the raw
 //!   `CubeBackend<Cuda, bf16>` (forward);
 //! - `InvariantUser`: the public functions under `Autodiff<Fusion<CubeBackend<Cuda, bf16>>>`,
-//!   forward, and forward + backward of `out.sum()`;
+//!   forward, and forward + backward of `out.sum()`; `InvariantUserHostLens`: ragged decode
+//!   through `attention_with_lens` there (the lengths from the host, no device read);
 //! - `InvariantPrim`: the primitives (`invariant_attention` + `invariant_attention_backward`,
 //!   `invariant_rms_norm` + `invariant_rms_norm_backward`) on the raw backend, with the
 //!   implementation the registry picks for the device and bf16 (Sm90 attention on Hopper), and a
@@ -376,6 +377,28 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
                 .expect("attention");
             },
         );
+        if ragged {
+            // The lengths from the host (as a KV cache has them): no device read.
+            let host_lens: Vec<usize> = lens.iter().map(|&l| l as usize).collect();
+            case::<User>(
+                device,
+                op,
+                &ours("InvariantUserHostLens"),
+                &shape,
+                flops,
+                bytes,
+                || {
+                    let _ = burn_invariant::attention_with_lens(
+                        uq.clone(),
+                        uk.clone(),
+                        uv.clone(),
+                        &host_lens,
+                        &opts,
+                    )
+                    .expect("attention");
+                },
+            );
+        }
         let prim_lens = int_tensor::<Raw>(lens, device);
         let imp = chosen::<Raw>(Op::Attention, device);
         case::<Raw>(

@@ -1054,8 +1054,8 @@ IB_ATTN_ENTRY(ib_attn_fwd_f16_d128, __half, 128, ATTN_KEY_BLOCK_D128, 2, 2, 384,
 #endif
 
 // The forward with three consumer warpgroups (192-row tiles, FA3's shape at Dh 64), each walking one block at a
-// time: the same operations per row as ib_attn_fwd (rows are independent of their tile), so the same bits. Not
-// behind the op: tools/sm90_harness.py runs it (kind "wide_").
+// time: the same operations per row as ib_attn_fwd (rows are independent of their tile), so the same bits. The
+// op's Dh 64 forward within one split (faster there: README "Entry points").
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_attn_fwd_wide_bf16_d64)
 IB_ATTN_ENTRY(ib_attn_fwd_wide_bf16_d64, __nv_bfloat16, 64, ATTN_KEY_BLOCK_D64, 2, 3, 512, 0, SMEM_BYTES, 91264)
 #endif

@@ -15,7 +15,7 @@ mod validate;
 pub use backend::InvariantBackend;
 pub use error::InvariantError;
 pub use fingerprint::{Fingerprint, fingerprint};
-pub use ops::attention::{AttentionOptions, attention};
+pub use ops::attention::{AttentionOptions, attention, attention_with_lens};
 pub use ops::linear_logp::{
     LinearLogpOptions, LinearLogpOutput, linear_logp, linear_logp_full, linear_logp_with_lse,
 };

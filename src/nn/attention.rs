@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::tensor::{DType, Int, Tensor, TensorData, backend::Backend};
 
 use super::{InvariantLinear, InvariantLinearConfig};
-use crate::{AttentionOptions, InvariantBackend, InvariantError, attention};
+use crate::{AttentionOptions, InvariantBackend, InvariantError, attention, attention_with_lens};
 
 /// Configuration of an [`InvariantAttention`].
 #[derive(Config, Debug)]
@@ -349,16 +349,12 @@ impl<B: InvariantBackend> InvariantAttention<B> {
             .collect();
         let [q, k, v] = self.project(x, &positions)?;
         cache.append(k, v, new_lens)?;
-        let device = q.device();
-        let lens = Tensor::<B, 1, Int>::from_data(
-            TensorData::new(cache.lens.iter().map(|&l| l as i64).collect(), [batch]),
-            &device,
-        );
-        let out = attention(
+        // The lengths from the host: no device read per layer and step.
+        let out = attention_with_lens(
             q,
             cache.key.clone(),
             cache.value.clone(),
-            Some(lens),
+            &cache.lens,
             &AttentionOptions::default(),
         )?;
         self.merge_heads(out)

@@ -2,7 +2,9 @@
 //! shapes that are multiples of no tile, and bitwise invariance (decode = prefill, alone =
 //! batch, ragged = unpadded, chunked = one call, rerun, padding rows change no gradient).
 use burn::tensor::{DType, Int, Tensor, backend::AutodiffBackend, backend::Backend};
-use burn_invariant::{AttentionOptions, InvariantBackend, InvariantError, attention, rms_norm};
+use burn_invariant::{
+    AttentionOptions, InvariantBackend, InvariantError, attention, attention_with_lens, rms_norm,
+};
 
 use super::{Rng, assert_bits_eq, bits, float, ints, values};
 
@@ -288,6 +290,12 @@ fn attention_batch_invariance_at<B: InvariantBackend>(
         &opts,
     )
     .unwrap();
+    let host = attention_with_lens(q.clone(), k.clone(), v.clone(), &kv_lens, &opts).unwrap();
+    assert_bits_eq(
+        &format!("attention_with_lens vs kv_lens as a tensor (head_dim {head_dim})"),
+        &bits(host),
+        &bits(batch.clone()),
+    );
     for (b, &len) in kv_lens.iter().enumerate() {
         let row = |t: Tensor<B, 4>, l: usize| {
             let [_, h, _, hd] = t.dims();
@@ -562,6 +570,21 @@ pub fn attention_bad_input<B: InvariantBackend>(device: &B::Device, dtype: DType
         );
         assert_eq!(arg(r), "kv_lens");
     }
+    for bad in [vec![6usize, 1], vec![1, 2, 3], vec![]] {
+        let r = attention_with_lens(q.clone(), k.clone(), v.clone(), &bad, &opts);
+        assert_eq!(arg(r), "kv_lens");
+    }
+    let v_short = float::<B, 4>(vec![0.0; 2 * 2 * 4 * 8], [2, 2, 4, 8], device, dtype);
+    assert_eq!(
+        arg(attention_with_lens(
+            q.clone(),
+            k.clone(),
+            v_short,
+            &[5, 5],
+            &opts
+        )),
+        "value"
+    );
     let long = float::<B, 4>(vec![0.0; 2 * 4 * 6 * 8], [2, 4, 6, 8], device, dtype);
     assert_eq!(
         arg(attention(long, k.clone(), v.clone(), None, &opts)),

@@ -1,7 +1,7 @@
 //! The SM90 attention (`kernels/attention_sm90.cu`, README "Attention forward", "Fixed splits"
-//! and "Attention backward"). Forward: one CTA per 128 packed query rows of one (batch row, KV
-//! head) group, keys in fixed blocks from key 0, the softmax restarted and merged every
-//! `ATTN_SPLIT` keys. Backward: a pre-pass per query row, then `dQ` per query tile (keys
+//! and "Attention backward"). Forward: one CTA per 128 (Dh 64: 192) packed query rows of one
+//! (batch row, KV head) group, keys in fixed blocks from key 0, the softmax restarted and merged
+//! every `ATTN_SPLIT` keys. Backward: a pre-pass per query row, then `dQ` per query tile (keys
 //! ascending) and `dK`/`dV` per 128-key block (query heads, then query blocks ascending).
 use burn::tensor::{DType, FloatDType, Shape, ops::FloatTensorOps};
 use burn_cubecl::kernel::into_contiguous;
@@ -19,7 +19,7 @@ const ATTN_CAUSAL: u32 = constant("ATTN_CAUSAL") as u32;
 /// Head sizes the kernels are built for.
 pub(crate) const HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// Query rows of one CTA.
+/// Query rows of one CTA of the split forwards and of `dQ`.
 const Q_TILE: usize = constant("ATTN_Q_TILE");
 
 /// Keys per split of the split forwards (kernels/README.md, "Fixed splits").
@@ -31,6 +31,7 @@ const KEY_TILE: usize = constant("ATTN_BWD_TILE");
 /// The launches of one (dtype, head size).
 #[derive(Clone, Copy)]
 struct Kernels {
+    /// The plain forward (Dh 64: the three-warpgroup one, 192-row tiles, the same bits).
     forward: Entry,
     /// The forward merging fixed splits in each CTA.
     split: Entry,
@@ -45,9 +46,9 @@ struct Kernels {
 /// The `Kernels` of the entry names ending in `_<suffix>` (const: a name missing from
 /// `kernels/entries.txt` fails to compile, as `entry!`).
 macro_rules! kernels {
-    ($suffix:literal) => {{
+    ($forward:literal, $suffix:literal) => {{
         const KERNELS: Kernels = Kernels {
-            forward: lookup(concat!("ib_attn_fwd_", $suffix)),
+            forward: lookup(concat!("ib_attn_fwd_", $forward, $suffix)),
             split: lookup(concat!("ib_attn_fwd_split_", $suffix)),
             part: lookup(concat!("ib_attn_fwd_part_", $suffix)),
             merge: lookup(concat!("ib_attn_merge_", $suffix)),
@@ -61,10 +62,10 @@ macro_rules! kernels {
 
 fn kernels(dtype: DType, head_dim: usize) -> Kernels {
     match (dtype, head_dim) {
-        (DType::BF16, 64) => kernels!("bf16_d64"),
-        (DType::BF16, 128) => kernels!("bf16_d128"),
-        (DType::F16, 64) => kernels!("f16_d64"),
-        (DType::F16, 128) => kernels!("f16_d128"),
+        (DType::BF16, 64) => kernels!("wide_", "bf16_d64"),
+        (DType::BF16, 128) => kernels!("", "bf16_d128"),
+        (DType::F16, 64) => kernels!("wide_", "f16_d64"),
+        (DType::F16, 128) => kernels!("", "f16_d128"),
         other => unreachable!(
             "the registry admits Sm90 attention for bf16/f16 at Dh 64/128, got {other:?}"
         ),
@@ -132,7 +133,9 @@ pub(crate) fn attention(
     };
     let [query, key, value] = [query, key, value].map(|t| TmaOperand::new(row_view(t)));
     let params = attn_params([b, h, q, kh, kv], causal, scale);
-    let grid = b * kh * (h / kh * q).div_ceil(Q_TILE);
+    let k = kernels(dtype, dh);
+    let tiles = |rows: usize| b * kh * (h / kh * q).div_ceil(rows);
+    let grid = tiles(Q_TILE);
     let maps = vec![
         query.map(0, b * h * q),
         key.map(0, b * kh * kv),
@@ -150,9 +153,9 @@ pub(crate) fn attention(
     // Rows see at most KV keys: within one split every forward gives the plain one's bits. Past it
     // the split forwards give the same bits as each other, so the choice is by speed alone: one CTA
     // per (tile, split) and a merge where the tiles alone would leave most SMs idle (decode).
-    let k = kernels(dtype, dh);
     let client = out.client.clone();
     if kv <= SPLIT {
+        let grid = tiles(k.forward.tile[0]);
         launch(&client, k.forward, grid, maps, buffers, &params);
     } else if grid >= sm_count(&client) {
         launch(&client, k.split, grid, maps, buffers, &params);

@@ -1,4 +1,5 @@
-//! The public `attention`: validation, the registry's choice, the primitive.
+//! The public `attention` and `attention_with_lens`: validation, the registry's choice, the
+//! primitive.
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::{AttentionInputs, AttentionOptions};
@@ -24,6 +25,60 @@ pub fn attention<B: InvariantBackend>(
     kv_lens: Option<Tensor<B, 1, Int>>,
     options: &AttentionOptions,
 ) -> Result<Tensor<B, 4>, InvariantError> {
+    let scale = validate_inputs(&query, &key, &value, options)?;
+    let [batch, _, _, _] = query.dims();
+    let kv_len = key.dims()[2];
+    let device = query.device();
+    let kv_lens = match kv_lens {
+        Some(lens) => {
+            validate::same_device::<B>("kv_lens", "query", &device, &lens.device())?;
+            validate::dim("kv_lens", &lens.dims(), 0, batch, "the batch B of `query`")?;
+            validate::lengths_in_range(&lens, "kv_lens", kv_len)?;
+            lens
+        }
+        None => lengths_tensor(&vec![kv_len; batch], &device),
+    };
+    run(query, key, value, kv_lens, options.causal, scale)
+}
+
+/// [`attention`] with the valid keys of each row given on the host, `kv_lens[b] ≤ KV`: the same
+/// bits as `attention` with these lengths as a tensor, without its device read of them (a sync
+/// per call). For callers that know the lengths, as a KV cache does
+/// ([`crate::nn::InvariantAttention::forward_cached`]).
+pub fn attention_with_lens<B: InvariantBackend>(
+    query: Tensor<B, 4>,
+    key: Tensor<B, 4>,
+    value: Tensor<B, 4>,
+    kv_lens: &[usize],
+    options: &AttentionOptions,
+) -> Result<Tensor<B, 4>, InvariantError> {
+    let scale = validate_inputs(&query, &key, &value, options)?;
+    let [batch, _, _, _] = query.dims();
+    let kv_len = key.dims()[2];
+    if kv_lens.len() != batch {
+        return Err(InvariantError::Shape {
+            arg: "kv_lens",
+            expected: format!("one length per row of `query` ({batch})"),
+            got: vec![kv_lens.len()],
+        });
+    }
+    if let Some((index, len)) = kv_lens.iter().enumerate().find(|&(_, &l)| l > kv_len) {
+        return Err(InvariantError::InvalidArgument {
+            arg: "kv_lens",
+            reason: format!("every length must be in [0, {kv_len}]; element {index} is {len}"),
+        });
+    }
+    let kv_lens = lengths_tensor(kv_lens, &query.device());
+    run(query, key, value, kv_lens, options.causal, scale)
+}
+
+/// Every check of the float inputs and options; the scale.
+fn validate_inputs<B: InvariantBackend>(
+    query: &Tensor<B, 4>,
+    key: &Tensor<B, 4>,
+    value: &Tensor<B, 4>,
+    options: &AttentionOptions,
+) -> Result<f32, InvariantError> {
     let [batch, heads, q_len, head_dim] = query.dims();
     let [_, kv_heads, kv_len, _] = key.dims();
     let device = query.device();
@@ -67,18 +122,27 @@ pub fn attention<B: InvariantBackend>(
     ] {
         validate::index_limit(arg, &shape)?;
     }
-    let kv_lens = match kv_lens {
-        Some(lens) => {
-            validate::same_device::<B>("kv_lens", "query", &device, &lens.device())?;
-            validate::dim("kv_lens", &lens.dims(), 0, batch, "the batch B of `query`")?;
-            validate::lengths_in_range(&lens, "kv_lens", kv_len)?;
-            lens
-        }
-        None => Tensor::from_data(
-            TensorData::new(vec![kv_len as i64; batch], [batch]),
-            &device,
-        ),
-    };
+    Ok(scale)
+}
+
+/// Lengths already checked, as the primitives' `[B]` tensor.
+fn lengths_tensor<B: InvariantBackend>(lens: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+    let data: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+    Tensor::from_data(TensorData::new(data, [lens.len()]), device)
+}
+
+/// The registry's choice and the primitive, on validated inputs.
+fn run<B: InvariantBackend>(
+    query: Tensor<B, 4>,
+    key: Tensor<B, 4>,
+    value: Tensor<B, 4>,
+    kv_lens: Tensor<B, 1, Int>,
+    causal: bool,
+    scale: f32,
+) -> Result<Tensor<B, 4>, InvariantError> {
+    let [batch, heads, q_len, head_dim] = query.dims();
+    let [_, kv_heads, kv_len, _] = key.dims();
+    let device = query.device();
     let problem = Problem::Attention {
         batch,
         heads,
@@ -93,7 +157,7 @@ pub fn attention<B: InvariantBackend>(
         key: float_primitive(key),
         value: float_primitive(value),
         kv_lens: kv_lens.into_primitive(),
-        causal: options.causal,
+        causal,
         scale,
     };
     let out = B::invariant_attention(inputs, implementation).out;

@@ -17,7 +17,7 @@ use burn::tensor::{
 use crate::InvariantError;
 use crate::registry::Implementation;
 
-pub use api::attention;
+pub use api::{attention, attention_with_lens};
 
 /// Options of [`attention`].
 #[derive(Debug, Clone, Copy, PartialEq)]
