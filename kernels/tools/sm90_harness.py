@@ -13,7 +13,8 @@ bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill,
 attnperf (attention forward timings beside torch SDPA flash / cuDNN), attnbwd (attention backward: gradients vs
 f64, rerun, row alone = ragged batch, right padding), attnbwdperf (forward + backward beside SDPA's), attnsplit
 (the split forwards: in-CTA merge = per-split CTAs + merge, = the plain forward within one split, decode =
-prefill), attnlong (decode at B 1 and 8 over 32768 and 131072 keys, plain and split, beside SDPA). Exit status 1
+prefill), attnlong (decode at B 1 and 8 over 32768 and 131072 keys, plain and split, beside SDPA), attnprof (one
+forward each of ours and of cuDNN's SDPA at S 2048 · Dh 128 and S 4096 · Dh 64, for ncu). Exit status 1
 if any check fails.
 Needs no Rust build: the sources are compiled here through nvrtc_check's helpers (pip install torch and the
 nvidia-cuda-nvrtc 13.0 wheels, see nvrtc_check.py).
@@ -1145,6 +1146,18 @@ def prof():
     torch.cuda.synchronize()
 
 
+def attn_prof():
+    """One attention forward of each kind worth profiling (run under ncu): ours and SDPA's cuDNN kernel at B 8 ·
+    32/8 heads · S 2048 · Dh 128, causal, and ours at B 4 · S 4096 · Dh 64 (the three-warpgroup forward)."""
+    for (B, S, D) in ((8, 2048, 128), (4, 4096, 64)):
+        q = rnd(B, 32, S, D); k = rnd(B, 8, S, D); v = rnd(B, 8, S, D)
+        attn_fwd(q, k, v, None, True, kind=attn_kind(B, 32, 8, S, S, D))
+        fn = sdpa_fn(q, k, v, True, "cudnn")
+        if fn is not None:
+            fn()
+    torch.cuda.synchronize()
+
+
 def perf_bwd_split():
     """NT and TN separately, each against the same cuBLAS product."""
     print("\n| part | shape | ours ms | cuBLAS ms | ours/cuBLAS time |\n|---|---|---|---|---|")
@@ -1217,6 +1230,8 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name(0), "SMs", NUM_SMS, "torch", torch.__version__, flush=True)
     if "sanitize" in ONLY:
         sanitize()
+    if "attnprof" in ONLY:
+        attn_prof()
     if "prof" in ONLY:
         prof()
     if "gemm" in ONLY:
