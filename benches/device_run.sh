@@ -142,10 +142,12 @@ if has sm90attn; then
   step sm90_attnperf 240 python3 kernels/tools/sm90_harness.py --only attnperf,attnlong
   grep -h "FAIL\|SUMMARY" "$OUT/sm90_attn.log" | tail -20; grep -h "^| \|wide" "$OUT/sm90_attnperf.log" | tail -24
 fi
-# `sm90sanitize`: compute-sanitizer (memcheck, racecheck) on the harness's sanitize workload (every raw entry point).
+# `sm90sanitize`: compute-sanitizer (memcheck, racecheck, synccheck) on the harness's sanitize workload (every raw
+# entry point).
 if has sm90sanitize; then
   step sm90_memcheck 240 compute-sanitizer --tool memcheck python3 kernels/tools/sm90_harness.py --only sanitize
   step sm90_racecheck 240 compute-sanitizer --tool racecheck python3 kernels/tools/sm90_harness.py --only sanitize
+  step sm90_synccheck 240 compute-sanitizer --tool synccheck python3 kernels/tools/sm90_harness.py --only sanitize
 fi
 if has example; then
   step example 120 .gpu/lm_head; tail -6 "$OUT/example.log"
