@@ -9,8 +9,8 @@
 //!   forward, and forward + backward with an upstream gradient of ones (`out.backward()`: the
 //!   gradients of `out.sum()` without Burn's reduction over `out`, which alone takes 0.4–0.8 ms at
 //!   these sizes, more than the op's own overhead; PyTorch's side keeps `.sum()`, a cheap kernel
-//!   there); `InvariantUserHostLens`: ragged decode
-//!   through `attention_with_lens` there (the lengths from the host, no device read);
+//!   there); `InvariantUserHostLens`: ragged decode through `attention_with_lens` there (the
+//!   lengths from the host, no device read);
 //! - `InvariantPrim`: the primitives (`invariant_attention` + `invariant_attention_backward`,
 //!   `invariant_rms_norm` + `invariant_rms_norm_backward`) on the raw backend, with the
 //!   implementation the registry picks for the device and bf16 (Sm90 attention on Hopper), and a

@@ -145,8 +145,17 @@ pub(crate) fn lengths_in_range<B: Backend>(
             arg,
             reason: format!("{e:?}"),
         })?;
-    match data
-        .iter::<i64>()
+    host_lengths_in_range(data.iter::<i64>(), arg, max)
+}
+
+/// Lengths on the host; every value in `[0, max]`.
+pub(crate) fn host_lengths_in_range(
+    lengths: impl IntoIterator<Item = i64>,
+    arg: &'static str,
+    max: usize,
+) -> Result<(), InvariantError> {
+    match lengths
+        .into_iter()
         .enumerate()
         .find(|&(_, l)| l < 0 || l as u64 > max as u64)
     {

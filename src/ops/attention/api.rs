@@ -55,19 +55,14 @@ pub fn attention_with_lens<B: InvariantBackend>(
     let scale = validate_inputs(&query, &key, &value, options)?;
     let [batch, _, _, _] = query.dims();
     let kv_len = key.dims()[2];
-    if kv_lens.len() != batch {
-        return Err(InvariantError::Shape {
-            arg: "kv_lens",
-            expected: format!("one length per row of `query` ({batch})"),
-            got: vec![kv_lens.len()],
-        });
-    }
-    if let Some((index, len)) = kv_lens.iter().enumerate().find(|&(_, &l)| l > kv_len) {
-        return Err(InvariantError::InvalidArgument {
-            arg: "kv_lens",
-            reason: format!("every length must be in [0, {kv_len}]; element {index} is {len}"),
-        });
-    }
+    validate::dim(
+        "kv_lens",
+        &[kv_lens.len()],
+        0,
+        batch,
+        "the batch B of `query`",
+    )?;
+    validate::host_lengths_in_range(kv_lens.iter().map(|&l| l as i64), "kv_lens", kv_len)?;
     let kv_lens = lengths_tensor(kv_lens, &query.device());
     run(query, key, value, kv_lens, options.causal, scale)
 }
