@@ -5,6 +5,8 @@
 # `overhead`: the public-call overhead bench (`benches/call_overhead.rs`) and cuBLAS at the same shapes.
 # `kernels`: the kernel crate's CUDA tests (.gpu/{kgemm,klogp}); `ksanitize`: compute-sanitizer on klogp.
 # `memory`: device memory around one forward + backward (gpu_report memory).
+# `sample`: linear_sample (gpu_report sample) beside cuBLAS and PyTorch's sampling (benches/sample_reference.py);
+# `samplesanitize`: compute-sanitizer on the sampler's tests (Sm90 for bf16, CubeCl for f32).
 # `rl`: the RL head (temperature, entropy) beside the plain call (gpu_report rl), cuBLAS beside;
 # `rlsanitize`: compute-sanitizer on the RL head's tests (Sm90 for f16/bf16, CubeCl for f32).
 # `limits`: sizes past the kernels' launch and addressing limits (.gpu/limits), default and CubeCl,
@@ -27,7 +29,7 @@ set -uo pipefail
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn, sm90sanitize
+MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn, sm90sanitize, sample, samplesanitize
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -64,6 +66,15 @@ fi
 if has rlsanitize; then
   step memcheck_rl 240 compute-sanitizer --tool memcheck .gpu/gpu cuda::raw::linear_logp_rl_head_gradients_vs_f64 cuda::raw::linear_logp_rl_head_correctness --test-threads=1
   step racecheck_rl 240 compute-sanitizer --tool racecheck .gpu/gpu cuda::raw::linear_logp_rl_head_correctness --test-threads=1
+fi
+if has sample; then
+  step report_sample 540 .gpu/gpu_report sample
+  step torch_sample 240 bash -c "cd benches && python3 sample_reference.py"
+  grep -h "^RESULT" "$OUT/report_sample.log" "$OUT/torch_sample.log"
+fi
+if has samplesanitize; then
+  step memcheck_sample 300 compute-sanitizer --tool memcheck .gpu/gpu cuda::raw::linear_sample_scores cuda::raw::linear_sample_row_invariance --test-threads=1
+  step racecheck_sample 300 compute-sanitizer --tool racecheck .gpu/gpu cuda::raw::linear_sample_scores --test-threads=1
 fi
 if has memory; then
   step memory 200 .gpu/gpu_report memory; grep -h "^MEMORY" "$OUT/memory.log"

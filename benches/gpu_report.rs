@@ -9,6 +9,11 @@
 //! `rl`: the RL head (`linear_logp` at temperature 0.7, with and without entropy) beside the
 //! plain call, timed in turn over 5 rounds (medians), primitives and public API
 //! (`linear_logp_full`), names `<Impl>+T0.7[+ent]`.
+//! `sample`: `linear_sample` through the public API under `User` (Sm90, then CubeCl forced) at
+//! N = 64 and 4096, D = 4096, V = 128256: Gumbel-max, greedy and top-50 beside `linear_logp_full`
+//! (the same pass without a draw), on flat logits (every column's noise computed) and peaked ones
+//! (most columns too far below the best to need noise); `benches/sample_reference.py` times
+//! cuBLAS and PyTorch's sampling at the same shapes.
 //! `memory`: device memory around one forward + backward (cubecl's in-use and reserved bytes, and
 //! `nvidia-smi`'s figure for this process), `MEMORY` lines.
 //!
@@ -347,6 +352,71 @@ fn api_logp_cases<U: AutodiffBackend + InvariantBackend>(
     }
 }
 
+/// `linear_sample` through the public API (see the module doc), names
+/// `<Impl>Api+<rule>+<flat|peaked>`; the hidden states' scale sets the logits' spread.
+fn sample_cases<U: InvariantBackend>(device: &U::Device) {
+    let rand = |shape: [usize; 2], scale: f64| {
+        Tensor::<U, 2>::random(shape, Distribution::Uniform(-scale, scale), device)
+            .cast(DType::BF16)
+    };
+    let (d, v) = (4096usize, 128_256usize);
+    let weight = rand([v, d], 0.05);
+    let base = burn_invariant::SampleOptions::default().with_seed(1);
+    let rules = [
+        ("gumbel", base.clone()),
+        ("greedy", base.clone().with_greedy(true)),
+        ("top50", base.with_top_k(50)),
+    ];
+    for imp in [Implementation::Sm90, Implementation::CubeCl] {
+        force(imp);
+        for n in [64usize, 4096] {
+            let keys: Tensor<U, 1, Int> =
+                Tensor::from_data(TensorData::new((0..n as i64).collect(), [n]), device);
+            let shape = format!("dtype=bf16 n={n} d={d} v={v}");
+            let flops = 2.0 * (n * d * v) as f64;
+            let (batch, reps) = if n == 64 { (10, 7) } else { (2, 5) };
+            // Logits' standard deviation about 1 (flat) and 10 (peaked).
+            for (regime, scale) in [("flat", 1.0), ("peaked", 10.0)] {
+                let hidden = rand([n, d], scale);
+                let logp = LinearLogpOptions::default().with_skip_target_check(true);
+                let s = time::<U>(device, batch, reps, || {
+                    let _ = burn_invariant::linear_logp_full(
+                        hidden.clone(),
+                        weight.clone(),
+                        keys.clone(),
+                        None,
+                        &logp,
+                    )
+                    .expect("linear_logp_full");
+                });
+                report(
+                    "linear_sample",
+                    &format!("{imp:?}Api+logp+{regime}"),
+                    &shape,
+                    s,
+                    flops,
+                );
+                for (rule, options) in &rules {
+                    let s = time::<U>(device, batch, reps, || {
+                        let _ = burn_invariant::linear_sample(
+                            hidden.clone(),
+                            weight.clone(),
+                            keys.clone(),
+                            None,
+                            options,
+                        )
+                        .expect("linear_sample");
+                    });
+                    let name = format!("{imp:?}Api+{rule}+{regime}");
+                    report("linear_sample", &name, &shape, s, flops);
+                }
+            }
+        }
+    }
+    // SAFETY: as in `force`.
+    unsafe { std::env::remove_var("BURN_INVARIANT_IMPL") };
+}
+
 /// Forces `implementation` for the calls that follow (the registry reads the variable per call).
 fn force(implementation: Implementation) {
     let name = match implementation {
@@ -471,7 +541,7 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
 /// The GPU report beside cuBLAS (an NVIDIA GPU; `cargo bench` passes `--bench`).
 #[derive(clap::Parser)]
 struct Args {
-    /// One part: matmul, logp, api (the default runs these three), rl or memory.
+    /// One part: matmul, logp, api (the default runs these three), rl, sample or memory.
     part: Option<String>,
     #[arg(long, hide = true)]
     bench: bool,
@@ -504,6 +574,9 @@ fn main() {
         }
         if filter == "memory" {
             memory_cases(&device);
+        }
+        if filter == "sample" {
+            sample_cases::<User>(&device);
         }
         #[cfg(feature = "wgpu")]
         if filter == "wgpu" {

@@ -34,7 +34,20 @@ struct LogpBwdParams {
   float inv_t;             // offset 36: 1 / temperature
 };                         // sizeof 40
 
+// The sampler (ib_logp_sample_*): LogpFwdParams' fields, then the seed and the rule.
+struct LogpSampleParams {
+  u32 N, V, D;             // offset  0,  4,  8
+  u32 flags;               // offset 12: LOGP_HAS_BIAS | LOGP_ENTROPY
+  long long ignore_index;  // offset 16: unused (keys, not targets)
+  float inv_t;             // offset 24: 1 / temperature
+  u32 pad;                 // offset 28
+  u32 seed_lo, seed_hi;    // offset 32, 36
+  u32 noise;               // offset 40: 1 = Gumbel-max, 0 = argmax
+  u32 pad2;                // offset 44
+};                         // sizeof 48
+
 static_assert(sizeof(LogpFwdParams) == 32, "LogpFwdParams ABI: mirrored by src/backends/sm90/params.rs");
+static_assert(sizeof(LogpSampleParams) == 48, "LogpSampleParams ABI: mirrored by src/backends/sm90/params.rs");
 static_assert(sizeof(LogpBwdParams) == 40, "LogpBwdParams ABI: mirrored by src/backends/sm90/params.rs");
 
 #define LOGP_HAS_BIAS 1u
@@ -72,11 +85,82 @@ __device__ __forceinline__ float3 msu_combine(float3 a, float3 b) {
 // e * (z - m) of one logit, 0 where e underflows (also for -inf logits, where z - m is -inf).
 __device__ __forceinline__ float shifted_term(float e, float zm) { return e == 0.f ? 0.f : e * zm; }
 
-template <class T, class G, bool ENT>
-__device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc* tmW, const LogpFwdParams& p,
+// ---- the sampler's noise: step for step the Reference's (src/ops/linear_sample/noise.rs) ----------------
+
+__device__ __forceinline__ u32 mix32(u32 x) {  // Wellons' lowbias32
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+
+__device__ __forceinline__ u32 row_word(u32 seed_lo, u32 seed_hi, u32 key) {
+  return mix32(mix32(mix32(seed_hi) ^ seed_lo) ^ key);
+}
+
+// ln x as the portable ln_p for a normal x > 0 (all the noise takes): x = 2^e f with f in [1, 2) read from
+// the bits (what ln_p's exact power-of-two scalings give for such x), f halved above sqrt(2), then the
+// degree-16 Horner polynomial of ln(1 + u) / u in fma, e ln 2 added in two parts.
+__device__ __forceinline__ float ln_p(float x) {
+  const u32 bits = __float_as_uint(x);
+  int e = (int)(bits >> 23) - 127;
+  float f = __uint_as_float((bits & 0x7fffffu) | 0x3f800000u);
+  const bool big = f > __int_as_float(0x3fb504f3);  // sqrt(2)
+  f = big ? __fmul_rn(f, 0.5f) : f;
+  e = big ? e + 1 : e;
+  const float u = __fsub_rn(f, 1.f);
+  const float c[17] = {1.f, -0.5f, __int_as_float(0x3eaaaaab), -0.25f, __int_as_float(0x3e4ccccd),
+                       __int_as_float(0xbe2aaaab), __int_as_float(0x3e124925), -0.125f, __int_as_float(0x3de38e39),
+                       __int_as_float(0xbdcccccd), __int_as_float(0x3dba2e8c), __int_as_float(0xbdaaaaab),
+                       __int_as_float(0x3d9d89d9), __int_as_float(0xbd924925), __int_as_float(0x3d888889),
+                       -0.0625f, __int_as_float(0x3d70f0f1)};
+  float q = c[16];
+#pragma unroll
+  for (int k = 15; k >= 0; --k) q = fmaf(q, u, c[k]);
+  const float ef = (float)e;
+  return fmaf(ef, __int_as_float(0x3f317200), fmaf(ef, __int_as_float(0x35bfbe8e), __fmul_rn(u, q)));
+}
+
+// Gumbel noise of vocabulary column j in the row whose word is rw: -ln(-ln U), U = (2 (h >> 9) + 1) 2^-24.
+__device__ __forceinline__ float gumbel(u32 rw, u32 j) {
+  const u32 h = mix32(mix32(rw ^ j));
+  const float u = __fmul_rn((float)(2u * (h >> 9) + 1u), __int_as_float(0x33800000));
+  return -ln_p(-ln_p(u));
+}
+
+// Bounds of gumbel over every U it can draw (the Reference's NOISE_MAX, NOISE_MIN): a logit z cannot win
+// where z + NOISE_MAX is below the best key so far, or below m + NOISE_MIN for m the row's largest logit so
+// far (whose key is at least that), so its noise is skipped.
+#define LOGP_NOISE_MAX 16.7f
+#define LOGP_NOISE_MIN -2.82f
+// Vocabulary index of "no candidate" (V <= 2^24; exact in f32).
+#define LOGP_NO_TOKEN (1 << 24)
+
+// Whether (key, j) ranks before (bk, bj): a larger key, on equal keys the smaller index; -inf and NaN never.
+__device__ __forceinline__ bool beats(float key, int j, float bk, int bj) {
+  return key > IB_NEG_INF && (key > bk || (key == bk && j < bj));
+}
+
+// A row's best candidate: its key, tempered logit and column.
+struct Pick {
+  float key, z;
+  int j;
+  __device__ __forceinline__ void offer(float k, float zz, int jj) {
+    if (beats(k, jj, key, j)) {
+      key = k;
+      z = zz;
+      j = jj;
+    }
+  }
+};
+
+template <class T, class G, bool ENT, bool SAMPLE, class P>
+__device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc* tmW, const P& p,
                                               const T* __restrict__ bias,
                                               const int* __restrict__ targets, float* __restrict__ logp,
-                                              float2* __restrict__ ws, float* __restrict__ wu) {
+                                              float2* __restrict__ ws, float* __restrict__ wu,
+                                              float4* __restrict__ wc) {
   extern __shared__ unsigned char smem_raw[];
   const typename G::Smem s = G::carve(smem_raw);
   const int wg = threadIdx.x >> 7, tid = threadIdx.x & 127;
@@ -113,13 +197,19 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
       const int vend = min(V, (sg + 1) * LOGP_SEG);
       int row[2], tgt[2];
       float mrun[2], srun[2], urun[2];
+      u32 rw[2];  // the sampler: each row's noise word (its key in `targets`), and its best candidate
+      Pick best[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         row[i] = rb * G::BM + 64 * c + 16 * w + (l >> 2) + 8 * i;
-        tgt[i] = row[i] < N ? targets[row[i]] : -1;
+        tgt[i] = row[i] < N && !SAMPLE ? targets[row[i]] : -1;
         mrun[i] = IB_NEG_INF;
         srun[i] = 0.f;
         urun[i] = 0.f;
+        if constexpr (SAMPLE) {
+          rw[i] = row[i] < N ? row_word(p.seed_lo, p.seed_hi, (u32)targets[row[i]]) : 0u;
+          best[i] = Pick{IB_NEG_INF, IB_NEG_INF, LOGP_NO_TOKEN};
+        }
       }
       for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) {
         consume_tile<G>(acc, s, ps, nk, c, tid);
@@ -176,6 +266,51 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
             srun[i] = srun[i] * alpha + ((e0 + e1) + (e2 + e3));
             mrun[i] = mnew;
           }
+          if constexpr (SAMPLE) {
+            // z exactly as the target logit below (acc * inv_t)
+            if (!p.noise) {
+#pragma unroll
+              for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const float z = __fmul_rn(acc[4 * j + 2 * i + h], inv_t);
+                  best[i].offer(z, z, cb + 8 * j + h);
+                }
+            } else {
+              // The noisy key only where z + NOISE_MAX reaches the bar (others cannot win), one column at
+              // a time from a mask: one copy of the noise code, not one per unrolled column. The bar: the
+              // best key so far, or the quad's largest logit so far plus NOISE_MIN. Rows past N skip.
+              const float mq = fmaxf(mrun[i], __shfl_xor_sync(0xffffffffu, mrun[i], 1));
+              float bar0 = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2)) + LOGP_NOISE_MIN;
+              if (bar0 != bar0) bar0 = IB_NEG_INF;  // a NaN logit ranks nothing and bars nothing
+              u64 live = 0;
+#pragma unroll
+              for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const float reach = __fadd_rn(__fmul_rn(acc[4 * j + 2 * i + h], inv_t), LOGP_NOISE_MAX);
+                  if (reach >= best[i].key && reach >= bar0) live |= 1ull << (2 * j + h);
+                }
+              if (row[i] >= N) live = 0;
+              // The row's 64 accumulators in local memory (vector stores, L1), read by column below:
+              // cheaper than a 64-way register select per column.
+              float zrow[G::BN / 4];
+              if (live) {
+#pragma unroll
+                for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+                  for (int h = 0; h < 2; ++h) zrow[2 * j + h] = acc[4 * j + 2 * i + h];
+              }
+              while (live) {
+                const int b = __ffsll((long long)live) - 1;
+                live &= live - 1;
+                const float z = __fmul_rn(zrow[b], inv_t);
+                const int col = cb + 8 * (b >> 1) + (b & 1);
+                if (__fadd_rn(z, LOGP_NOISE_MAX) >= best[i].key)
+                  best[i].offer(__fadd_rn(z, gumbel(rw[i], (u32)col)), z, col);
+              }
+            }
+          }
           // target logit: taken from the same f32 accumulator the softmax used
           const int tl = tgt[i] - n0;
           if (tl >= 0 && tl < G::BN && ((tl & 7) >> 1) == q) {
@@ -189,6 +324,15 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
+        if constexpr (SAMPLE) {
+          // the quad's candidates of the row: the order is total, so the winner is the row's own
+#pragma unroll
+          for (int x = 1; x <= 2; x *= 2)
+            best[i].offer(__shfl_xor_sync(0xffffffffu, best[i].key, x), __shfl_xor_sync(0xffffffffu, best[i].z, x),
+                          __shfl_xor_sync(0xffffffffu, best[i].j, x));
+          if (q == 0 && row[i] < N)
+            wc[(size_t)sg * N + row[i]] = make_float4(best[i].key, best[i].z, __int_as_float(best[i].j), 0.f);
+        }
         if (ENT) {
           float3 v = make_float3(mrun[i], srun[i], urun[i]);
 #pragma unroll
@@ -364,7 +508,17 @@ __device__ __forceinline__ void logp_bwd_dz_body(const TmaDesc* tmH, const TmaDe
            const int* __restrict__ targets, float* __restrict__ logp, float* __restrict__ lse,             \
            float2* __restrict__ ws, float* __restrict__ wu, float* __restrict__ ent,                       \
            const __grid_constant__ LogpFwdParams p) {                                                       \
-    ib::logp_fwd_body<T, CFG, ENT>(&tmH, &tmW, p, bias, targets, logp, ws, wu);                             \
+    ib::logp_fwd_body<T, CFG, ENT, false>(&tmH, &tmW, p, bias, targets, logp, ws, wu, nullptr);            \
+  }
+// The sampler's pass: the forward's partials and each (segment, row)'s best candidate; `keys` go where the
+// targets do.
+#define IB_LOGP_SAMPLE_ENTRY(NAME, T, CFG, ENT)                                                             \
+  extern "C" __global__ void __launch_bounds__(384, 1) __cluster_dims__(2, 1, 1)                            \
+      NAME(const __grid_constant__ TmaDesc tmH, const __grid_constant__ TmaDesc tmW, const void* mapH,        \
+           const void* mapW, const T* H, const T* W, const T* __restrict__ bias,                            \
+           const int* __restrict__ keys, float2* __restrict__ ws, float* __restrict__ wu,                  \
+           float4* __restrict__ wc, const __grid_constant__ LogpSampleParams p) {                           \
+    ib::logp_fwd_body<T, CFG, ENT, true>(&tmH, &tmW, p, bias, keys, nullptr, ws, wu, wc);                   \
   }
 // Entry selection as in gemm_sm90.cu: "#define IB_SELECT" + "#define IB_ENTRY_<name>" compiles one entry.
 // The _ent entries also keep the shifted sums for the entropy.
@@ -380,11 +534,51 @@ IB_LOGP_FWD_ENTRY(ib_logp_fwd_ent_bf16, __nv_bfloat16, ib::LogpCfgBf16, true)
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_ent_f16)
 IB_LOGP_FWD_ENTRY(ib_logp_fwd_ent_f16, __half, ib::LogpCfgF16, true)
 #endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_bf16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_bf16, __nv_bfloat16, ib::LogpCfgBf16, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_f16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_f16, __half, ib::LogpCfgF16, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_ent_bf16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_ent_bf16, __nv_bfloat16, ib::LogpCfgBf16, true)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_ent_f16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_ent_f16, __half, ib::LogpCfgF16, true)
+#endif
+
+namespace ib {
+
+// One warp per row: in-place pairwise tree over the row's segment partials (segment i absorbs segment
+// i + stride for stride = 1, 2, 4, ...); the row's merged partial ends in segment 0.
+__device__ __forceinline__ void merge_segments(float2* __restrict__ ws, float* __restrict__ wu, int N, int nseg,
+                                               int row, int lane, bool has_ent) {
+  for (int stride = 1; stride < nseg; stride *= 2) {
+    for (int i = lane * 2 * stride; i + stride < nseg; i += 64 * stride) {
+      const size_t a = (size_t)i * N + row, b = (size_t)(i + stride) * N + row;
+      if (has_ent) {
+        const float3 v = msu_combine(make_float3(ws[a].x, ws[a].y, wu[a]), make_float3(ws[b].x, ws[b].y, wu[b]));
+        ws[a] = make_float2(v.x, v.y);
+        wu[a] = v.z;
+      } else {
+        ws[a] = ms_combine(ws[a], ws[b]);
+      }
+    }
+    __syncwarp();
+  }
+}
+
+// lse = m + log(s) of the merged partial v.
+__device__ __forceinline__ float merged_lse(float2 v) { return v.x + logf(v.y); }
+
+// entropy = log(s) - u / s of the merged partial v and shifted sum u.
+__device__ __forceinline__ float merged_entropy(float2 v, float u) { return logf(v.y) - u / v.y; }
+
+}  // namespace ib
 
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_merge)
-// One warp per row: in-place pairwise tree over the row's segment partials (segment i absorbs segment
-// i + stride for stride = 1, 2, 4, ...), then lse = m + log(s), logp = z_t - lse and, with LOGP_ENTROPY,
-// entropy = log(s) - u / s (0 for ignored rows).
+// One warp per row: the segment tree, then lse, logp = z_t - lse and, with LOGP_ENTROPY, the entropy (0 for
+// ignored rows).
 extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __restrict__ targets,
                                                                float* __restrict__ logp, float* __restrict__ lse,
                                                                float2* __restrict__ ws, float* __restrict__ wu,
@@ -393,24 +587,11 @@ extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __res
   const int N = (int)p.N, V = (int)p.V;
   const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= N) return;
-  const int nseg = ib::cdiv(V, LOGP_SEG);
   const bool has_ent = p.flags & LOGP_ENTROPY;
-  for (int stride = 1; stride < nseg; stride *= 2) {
-    for (int i = lane * 2 * stride; i + stride < nseg; i += 64 * stride) {
-      const size_t a = (size_t)i * N + row, b = (size_t)(i + stride) * N + row;
-      if (has_ent) {
-        const float3 v = ib::msu_combine(make_float3(ws[a].x, ws[a].y, wu[a]), make_float3(ws[b].x, ws[b].y, wu[b]));
-        ws[a] = make_float2(v.x, v.y);
-        wu[a] = v.z;
-      } else {
-        ws[a] = ib::ms_combine(ws[a], ws[b]);
-      }
-    }
-    __syncwarp();
-  }
+  ib::merge_segments(ws, wu, N, ib::cdiv(V, LOGP_SEG), row, lane, has_ent);
   if (lane == 0) {
     const float2 v = ws[row];
-    const float L = v.x + logf(v.y);
+    const float L = ib::merged_lse(v);
     lse[row] = L;
     const int t = targets[row];
     const bool ignored = (p.flags & LOGP_HAS_IGNORE) && (long long)t == p.ignore_index;
@@ -419,7 +600,42 @@ extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __res
     else if (t >= 0 && t < V) out = logp[row] - L;
     else out = __int_as_float(0x7fc00000);  // NaN: target out of range (the host validates upstream)
     logp[row] = out;
-    if (has_ent) ent[row] = ignored ? 0.f : logf(v.y) - wu[row] / v.y;
+    if (has_ent) ent[row] = ignored ? 0.f : ib::merged_entropy(v, wu[row]);
+  }
+}
+#endif
+
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_merge)
+// The sampler's merge, one warp per row: the segment tree and lse (entropy) as ib_logp_merge, the segments'
+// best candidates in ascending order (a total order: ties to the smaller column), then the token and
+// logp = z_token - lse (NaN, token -1 where no candidate exists: every key -inf or NaN).
+extern "C" __global__ void __launch_bounds__(256) ib_logp_sample_merge(float* __restrict__ logp,
+                                                                      float* __restrict__ lse,
+                                                                      float2* __restrict__ ws,
+                                                                      float* __restrict__ wu,
+                                                                      float* __restrict__ ent,
+                                                                      const float4* __restrict__ wc,
+                                                                      float* __restrict__ token,
+                                                                      const __grid_constant__ LogpSampleParams p) {
+  const int N = (int)p.N, V = (int)p.V;
+  const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const int nseg = ib::cdiv(V, LOGP_SEG);
+  const bool has_ent = p.flags & LOGP_ENTROPY;
+  ib::merge_segments(ws, wu, N, nseg, row, lane, has_ent);
+  if (lane == 0) {
+    const float2 v = ws[row];
+    const float L = ib::merged_lse(v);
+    lse[row] = L;
+    ib::Pick best{IB_NEG_INF, IB_NEG_INF, LOGP_NO_TOKEN};
+    for (int sg = 0; sg < nseg; ++sg) {
+      const float4 c = wc[(size_t)sg * N + row];
+      best.offer(c.x, c.y, __float_as_int(c.z));
+    }
+    const bool found = best.j != LOGP_NO_TOKEN;
+    logp[row] = found ? best.z - L : __int_as_float(0x7fc00000);
+    token[row] = found ? (float)best.j : -1.f;
+    if (has_ent) ent[row] = ib::merged_entropy(v, wu[row]);
   }
 }
 #endif

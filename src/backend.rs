@@ -17,6 +17,7 @@ use crate::backends::generic;
 use crate::ops::attention::AttentionOps;
 use crate::ops::linear_logp::LinearLogpOps;
 pub use crate::ops::linear_logp::{GradRequest, LinearLogpGrads, LinearLogpInputs, LogpHead};
+use crate::ops::linear_sample::LinearSampleOps;
 use crate::ops::matmul::MatmulOps;
 use crate::ops::rms_norm::RmsNormOps;
 pub use crate::registry::Problem;
@@ -28,7 +29,7 @@ use crate::registry::{Candidate, Implementation, Op};
 /// `(dtype, K, N, device)` and never by the number of rows, no split-K, no autotune, no float
 /// atomics, and no `[N, V]` logits for `linear_logp`.
 pub trait InvariantBackend:
-    Backend + MatmulOps + LinearLogpOps + AttentionOps + RmsNormOps
+    Backend + MatmulOps + LinearLogpOps + LinearSampleOps + AttentionOps + RmsNormOps
 {
     /// The implementations this backend offers for `op` on `device` with inputs of `dtype`,
     /// most preferred first, each saying whether it can run.

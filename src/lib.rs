@@ -19,6 +19,7 @@ pub use ops::attention::{AttentionOptions, attention, attention_with_lens};
 pub use ops::linear_logp::{
     LinearLogpOptions, LinearLogpOutput, linear_logp, linear_logp_full, linear_logp_with_lse,
 };
+pub use ops::linear_sample::{LinearSampleOutput, SampleOptions, TOP_K_MAX, linear_sample};
 pub use ops::matmul::{linear, matmul};
 pub use ops::rms_norm::rms_norm;
 pub use validate::INDEX_LIMIT;

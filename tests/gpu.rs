@@ -38,6 +38,50 @@ fn f32_matmul_equals_reference<B: burn_invariant::InvariantBackend>(device: &B::
     }
 }
 
+/// Cross-backend reference mode for the sampler: the f32 `CubeCl` kernels draw the Reference's
+/// tokens (the same logits, the same noise bits, the same candidate order) for every option set;
+/// the Reference's from its oracle (whatever `BURN_INVARIANT_IMPL` forces).
+fn f32_sample_tokens_equal_reference<B: burn_invariant::InvariantBackend>(device: &B::Device) {
+    use burn_invariant::ops::linear_sample::{SampleRule, Sampler, oracle};
+    let dtype = burn::tensor::DType::F32;
+    let [n, d, v] = [7, 29, 8229];
+    let p = common::logp_problem::<B>(device, dtype, [n, d, v], true, None, 77);
+    let host = |t: Vec<f64>| -> Vec<f32> { t.into_iter().map(|x| x as f32).collect() };
+    let h = host(common::values(p.hidden.clone()));
+    let w = host(common::values(p.weight.clone()));
+    let b = host(common::values(p.bias.clone().expect("bias")));
+    for options in common::sampler::option_sets() {
+        let got = common::sampler::sample(&p, p.hidden.clone(), p.targets.clone(), &options);
+        let got: Vec<i64> = got.tokens.into_data().iter::<i64>().collect();
+        let rule = match (options.greedy, options.top_k) {
+            (true, _) => SampleRule::Greedy,
+            (false, Some(k)) => SampleRule::TopK(k),
+            (false, None) => SampleRule::Gumbel,
+        };
+        let problem = burn_invariant::oracle::LogpProblem {
+            hidden: &h,
+            weight: &w,
+            bias: Some(&b),
+            targets: &p.target_values,
+            ignore_index: None,
+            n,
+            d,
+            v,
+            inv_temperature: (1.0 / options.temperature) as f32,
+            entropy: false,
+        };
+        let sampler = Sampler {
+            seed: options.seed,
+            rule,
+        };
+        let want: Vec<i64> = oracle::linear_sample(&problem, &sampler)
+            .chunks(3)
+            .map(|row| row[2] as i64)
+            .collect();
+        assert_eq!(got, want, "f32 tokens vs Reference {options:?}");
+    }
+}
+
 /// Cross-backend reference mode for attention and RMSNorm: f32 `CubeCl` (forward and backward
 /// primitives) gives the bits of `Reference`, on shapes that are multiples of no tile, with
 /// GQA, ragged `kv_lens` (one row empty) and zero-gradient rows.
@@ -165,6 +209,13 @@ mod wgpu {
             super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
         }
 
+        #[test]
+        #[serial]
+        fn f32_sample_tokens_equal_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_sample_tokens_equal_reference::<B>(&device);
+        }
+
         /// The tensor-core path's chunk loops, scan and `dz` kernels (with FMA products, as
         /// lavapipe has no cooperative matrices) under the RL head: temperature and entropy.
         #[test]
@@ -177,6 +228,9 @@ mod wgpu {
                 common::rl_head::head_row_invariance::<B>(&device, dtype);
                 common::rl_head::head_gradients_f64::<AD>(&device, dtype, [7, 13, 97]);
                 common::rl_head::head_backward_invariance::<AD>(&device, dtype);
+                common::sampler::sample_scores_are_linear_logp_full::<B>(&device, dtype);
+                common::sampler::sample_row_invariance::<B>(&device, dtype);
+                common::sampler::sample_greedy_is_argmax::<B>(&device, dtype);
             });
         }
     }
@@ -226,6 +280,13 @@ mod cuda {
         fn f32_attention_and_rms_norm_bitwise_equal_reference() {
             let Some(device) = device() else { return };
             super::super::f32_attention_and_rms_norm_equal_reference::<B>(&device);
+        }
+
+        #[test]
+        #[serial]
+        fn f32_sample_tokens_equal_reference() {
+            let Some(device) = device() else { return };
+            super::super::f32_sample_tokens_equal_reference::<B>(&device);
         }
 
         /// Past 4096 keys (Sm90: the split forwards, one CTA per split + a merge for decode, each

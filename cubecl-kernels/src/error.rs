@@ -62,6 +62,9 @@ pub enum KernelError {
         value: u64,
         limit: u64,
     },
+    /// A scalar argument outside its domain.
+    #[error("invalid `{arg}`: {reason}")]
+    InvalidArgument { arg: &'static str, reason: String },
     /// The requested kernel variant cannot run here (wrong dtype for the path, or a tiling the
     /// device cannot hold).
     #[error("{what}: not supported here: {reason}")]

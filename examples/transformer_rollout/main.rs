@@ -5,9 +5,10 @@
 //! 1. Rollout: a group of prompts of different lengths is prefilled in one left-padded call
 //!    into per-layer KV caches; then one token per call is decoded for the sequences still
 //!    running (ragged cache lengths; the batch shrinks as sequences end by EOS or length, the
-//!    caches following through `KvCache::select_rows`). Tokens are sampled at temperature 0.7
-//!    from a plain matmul's logits (a seeded sampler); each sampled token is scored by
-//!    `linear_logp_full` (log-prob and entropy at the same temperature).
+//!    caches following through `KvCache::select_rows`). Each token is drawn at temperature 0.7
+//!    by `linear_sample` in the LM head's one pass (no logits in memory, none on the host), its
+//!    noise keyed by (seed, sequence, position): a rerun draws the same tokens, and the
+//!    log-prob and entropy it returns are `linear_logp_full`'s for that token.
 //! 2. Trainer: the full sequences (prompt + generated) in one right-padded batch, one causal
 //!    prefill under `Autodiff`, targets the next tokens with the ignore index on prompt and
 //!    padding positions. Every generated token's log-prob and entropy must equal the rollout's,
@@ -88,23 +89,12 @@ fn bits<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<u32> {
     host(t).into_iter().map(f32::to_bits).collect()
 }
 
-/// Samples a token from each row of tempered logits `[rows · vocab]` (host softmax in f64).
-fn sample(logits: &[f32], vocab: usize, rng: &mut XorShift) -> Vec<i64> {
-    logits
-        .chunks(vocab)
-        .map(|row| {
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-            let weights: Vec<f64> = row.iter().map(|&x| (x as f64 - max).exp()).collect();
-            let mut u = rng.unit() as f64 * weights.iter().sum::<f64>();
-            for (token, w) in weights.iter().enumerate() {
-                if u < *w {
-                    return token as i64;
-                }
-                u -= w;
-            }
-            (vocab - 1) as i64
-        })
-        .collect()
+/// The seed of the rollout's draws.
+const SAMPLE_SEED: u64 = 2024;
+
+/// The noise key of sequence `s`'s token at position `pos`: unique per (sequence, position).
+fn sample_key(s: usize, pos: usize) -> i64 {
+    (s * MAX_TOTAL + pos) as i64
 }
 
 /// What the rollout produced, per sequence.
@@ -124,7 +114,6 @@ fn rollout(
     device: &burn::tensor::Device<Inner>,
 ) -> Rollout {
     let n = prompts.len();
-    let mut rng = XorShift::new(2024);
     let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let rows: Vec<&[i64]> = prompts.iter().map(Vec::as_slice).collect();
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
@@ -147,12 +136,15 @@ fn rollout(
         (vec![vec![]; n], vec![vec![]; n], vec![vec![]; n]);
     let mut batch_sizes = vec![n];
     loop {
-        // Sample the next token of every running sequence, then score it with the head.
-        let logits = host(policy.sampling_logits(hidden.clone()).expect("logits"));
-        let tokens = sample(&logits, CONFIG.vocab, &mut rng);
+        // Draw the next token of every running sequence with its log-prob and entropy.
+        let keys: Vec<i64> = active
+            .iter()
+            .map(|&s| sample_key(s, prompts[s].len() + generated[s].len()))
+            .collect();
         let out = policy
-            .score(hidden, ints1(tokens.clone(), device))
-            .expect("score");
+            .sample(hidden, ints1(keys, device), SAMPLE_SEED)
+            .expect("sample");
+        let tokens: Vec<i64> = out.tokens.into_data().iter::<i64>().collect();
         let (lp, ent) = (host(out.logp), host(out.entropy.expect("requested")));
         for (i, &s) in active.iter().enumerate() {
             generated[s].push(tokens[i]);
@@ -255,7 +247,9 @@ fn main() {
 
     // 1. Rollout on the inner backend (no autodiff), as a sampler would.
     let sampler = policy.valid();
-    let r = rollout(&sampler, prompts, &device);
+    let r = rollout(&sampler, prompts.clone(), &device);
+    let again = rollout(&sampler, prompts, &device);
+    let reproducible = again.generated == r.generated;
     let n_gen: usize = r.generated.iter().map(Vec::len).sum();
     let by_eos = r
         .generated
@@ -272,6 +266,14 @@ fn main() {
         "         {n_gen} tokens generated at T = {} ({:?} per sequence, {by_eos} ended by EOS)",
         CONFIG.temperature,
         r.generated.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    println!(
+        "         a second rollout from the same seed: {}",
+        if reproducible {
+            "the same tokens"
+        } else {
+            "OTHER TOKENS"
+        }
     );
 
     // 2. Trainer: one right-padded prefill with gradients.
@@ -402,7 +404,7 @@ fn main() {
         .count();
     println!("after one Adam step: {moved} / {n_gen} log-probs changed");
 
-    if logp_eq != n_gen || ent_eq != n_gen || !chunked_ok || !same_kernels {
+    if logp_eq != n_gen || ent_eq != n_gen || !chunked_ok || !same_kernels || !reproducible {
         eprintln!("rollout and trainer differ");
         std::process::exit(1);
     }

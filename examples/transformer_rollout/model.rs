@@ -18,7 +18,10 @@ use burn_invariant::nn::{
     InvariantAttention, InvariantAttentionConfig, InvariantLinear, InvariantLmHead,
     InvariantRmsNorm, KvCache,
 };
-use burn_invariant::{InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput};
+use burn_invariant::{
+    InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput, LinearSampleOutput,
+    SampleOptions,
+};
 
 /// Sizes and the head's options.
 #[derive(Debug, Clone, Copy)]
@@ -368,15 +371,20 @@ impl<B: InvariantBackend> Policy<B> {
         self.head.logp_full(hidden, targets, &self.head_options())
     }
 
-    /// The tempered logits `h·Wᵀ / T` as f32 `[N, vocab]`, from the head's batch-invariant
-    /// logits (in the model's dtype): only to sample from; the sampled token is scored by
-    /// [`Self::score`].
-    pub fn sampling_logits(&self, hidden: Tensor<B, 2>) -> Result<Tensor<B, 2>, InvariantError> {
-        Ok(self
-            .head
-            .logits(hidden)?
-            .cast(DType::F32)
-            .div_scalar(self.config.temperature))
+    /// Draws the next token of each row at the temperature, with its log-prob and entropy (those
+    /// [`Self::score`] gives for it, bit for bit), in one pass over the vocabulary: `keys [N]` name
+    /// the rows' noise, so a rerun with the same seed and keys draws the same tokens.
+    pub fn sample(
+        &self,
+        hidden: Tensor<B, 2>,
+        keys: Tensor<B, 1, Int>,
+        seed: u64,
+    ) -> Result<LinearSampleOutput<B>, InvariantError> {
+        let options = SampleOptions::default()
+            .with_seed(seed)
+            .with_temperature(self.config.temperature)
+            .with_entropy(true);
+        self.head.sample(hidden, keys, &options)
     }
 
     fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {

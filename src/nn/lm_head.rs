@@ -1,15 +1,16 @@
 //! `InvariantLmHead`: a language model's vocabulary projection, stored `[vocab, d_model]` (the
 //! layout of `linear_logp`, of `burn::nn::Embedding` and of Hugging Face's `lm_head`), scored
 //! through the fused, batch-invariant `linear_logp*` without a transpose and without `[N, V]`
-//! logits; its logits, where a sampler needs them, through the batch-invariant `linear`.
+//! logits; a token per row drawn in the same pass (`linear_sample`), or its logits, where a
+//! sampler needs them, through the batch-invariant `linear`.
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::Embedding;
 use burn::tensor::{Int, Tensor};
 
 use crate::{
-    InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput, linear, linear_logp,
-    linear_logp_full,
+    InvariantBackend, InvariantError, LinearLogpOptions, LinearLogpOutput, LinearSampleOutput,
+    SampleOptions, linear, linear_logp, linear_logp_full, linear_sample,
 };
 
 /// Configuration of an [`InvariantLmHead`].
@@ -94,6 +95,24 @@ impl<B: InvariantBackend> InvariantLmHead<B> {
             hidden,
             self.weight.val(),
             targets,
+            self.bias.as_ref().map(Param::val),
+            options,
+        )
+    }
+
+    /// A token per row drawn from the tempered softmax with its log-prob, lse and entropy, in
+    /// one pass and without `[N, V]` logits ([`crate::linear_sample`]): `keys [N]` name the rows'
+    /// noise; `logp` equals [`Self::logp_full`] at `options.logp_options()` bit for bit.
+    pub fn sample(
+        &self,
+        hidden: Tensor<B, 2>,
+        keys: Tensor<B, 1, Int>,
+        options: &SampleOptions,
+    ) -> Result<LinearSampleOutput<B>, InvariantError> {
+        linear_sample(
+            hidden,
+            self.weight.val(),
+            keys,
             self.bias.as_ref().map(Param::val),
             options,
         )

@@ -9,6 +9,7 @@ pub mod model;
 pub mod ops;
 pub mod ranks;
 pub mod rl_head;
+pub mod sampler;
 pub mod tp_problem;
 
 use burn::tensor::{
@@ -1378,6 +1379,42 @@ macro_rules! invariant_testsuite {
             for &dtype in DTYPES {
                 common::rl_head::unchecked_targets_give_nan::<$backend>(&device, dtype);
             }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_sample_scores_are_linear_logp_full() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::sampler::sample_scores_are_linear_logp_full::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_sample_row_invariance() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::sampler::sample_row_invariance::<$backend>(&device, dtype);
+            }
+            common::sampler::sample_row_invariance::<$autodiff>(&device, DTYPES[0]);
+        }
+
+        #[test]
+        #[serial]
+        fn linear_sample_greedy_is_argmax() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::sampler::sample_greedy_is_argmax::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn linear_sample_bad_input() {
+            let Some(device) = device() else { return };
+            common::sampler::sample_bad_input::<$backend>(&device, DTYPES[0]);
+            common::sampler::sample_bad_input::<$autodiff>(&device, DTYPES[0]);
         }
 
         #[test]

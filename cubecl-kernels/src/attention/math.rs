@@ -66,7 +66,7 @@ const fn pow2_bits(k: i32) -> u32 {
 /// attention launch has one cube along z), so the reinterpret never takes a literal: CUDA's
 /// `reinterpret_cast` cannot take one, and a folded float literal could not spell ±∞.
 #[cube]
-fn c(#[comptime] bits: u32) -> f32 {
+pub(crate) fn c(#[comptime] bits: u32) -> f32 {
     f32::reinterpret(bits | CUBE_POS_Z)
 }
 

@@ -1,6 +1,10 @@
 //! The forward: per (row block, vocabulary segment) online-softmax partials, then their merge
 //! in ascending segment order.
 
+use super::candidates::{
+    Candidates, PickCfg, PickScalars, PickScalarsLaunch, empty_candidates, no_pick, offer_logit,
+    store_candidates,
+};
 use super::inputs::{
     Checked, LogpInputRefs, check_inputs, check_workspace, ignore_scalar, linear,
     linear_logp_forward_workspace_len, linear_logp_num_segments, targets, tensor_core_choice, view,
@@ -9,8 +13,10 @@ use super::logits::{
     Linear, LogpCfg, StatsCfg, Targets, accumulate, combine_partials, finish_softmax, logits_block,
     rescale, resolve_target, stage_logits,
 };
+use super::noise::row_word;
 use super::tc_forward::tc_forward_partials;
 use super::workspace::partials_len;
+use crate::attention::math::neg_inf;
 use crate::consts::{
     FMA_MICRO, FMA_THREADS, LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, LOGP_ROWS, LOGP_VOCAB_TILE,
 };
@@ -67,18 +73,22 @@ pub fn linear_logp_forward<R: Runtime>(
             &choice,
             workspace,
             partials_len(c.n, c.v),
+            None,
         )?,
-        None => launch_fma_partials(client, inputs, &c, workspace)?,
+        None => launch_fma_partials(client, inputs, &c, workspace, PickCfg::NONE, no_pick())?,
     }
     launch_merge(client, inputs, &c, stats_out, &sv, workspace, num_seg)
 }
 
-/// The FMA path's segment partials: logits by the fma chain, reduced tile by tile.
-fn launch_fma_partials<R: Runtime>(
+/// The FMA path's segment partials: logits by the fma chain, reduced tile by tile; with
+/// `pick.k > 0` also each (row, segment)'s candidates (the sampler, `targets` holding its keys).
+pub(crate) fn launch_fma_partials<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &LogpInputRefs<'_, R>,
     c: &Checked,
     workspace: &TensorBinding<R>,
+    pick: PickCfg,
+    pick_scalars: PickScalarsLaunch<R>,
 ) -> Result<(), KernelError> {
     let num_seg = linear_logp_num_segments(c.v);
     let f = c.dt.storage();
@@ -105,12 +115,14 @@ fn launch_fma_partials<R: Runtime>(
                     c.inv_t,
                     f32::NEG_INFINITY,
                 ),
+                pick_scalars,
                 LogpCfg {
                     has_bias: inputs.bias.is_some(),
                     has_ignore: c.ignore.is_some(),
                     entropy: c.entropy,
                     emulate_fma: fma_mode(client) == FmaMode::Emulated,
                 },
+                pick,
                 [f, i],
             );
         }
@@ -143,7 +155,6 @@ fn launch_merge<R: Runtime>(
                 c.v as u32,
                 num_seg as u32,
                 ignore_scalar(c),
-                f32::NEG_INFINITY,
                 f32::NAN,
             ),
             StatsCfg {
@@ -167,14 +178,13 @@ pub(crate) struct PartialScalars {
     pub neg_inf: f32,
 }
 
-/// The merge kernel's scalars: rows, `v`, segments, the ignore index, `−∞`, NaN.
+/// The merge kernel's scalars: rows, `v`, segments, the ignore index, NaN.
 #[derive(CubeType, CubeLaunch)]
 pub(crate) struct MergeScalars {
     pub n_rows: u32,
     pub v: u32,
     pub num_seg: u32,
     pub ignore: InputScalar,
-    pub neg_inf: f32,
     pub nan: f32,
 }
 
@@ -186,7 +196,9 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
     targets: &Targets<I>,
     partial: &mut Tensor<f32>,
     sc: PartialScalars,
+    pk: PickScalars,
     #[comptime] cfg: LogpCfg,
+    #[comptime] pick: PickCfg,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let (has_bias, has_ignore, entropy, emulate_fma) = (
@@ -210,14 +222,16 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
     let my_row = row0 + tid;
     let row_ok = tid < LOGP_ROWS && my_row < n;
     let mut tgt = i32::from_int(-2);
+    let mut row_w = 0u32;
     if row_ok {
-        tgt = resolve_target::<I>(
-            targets.buf[targets.offset as usize + my_row * targets.stride as usize],
-            v,
-            sc.ignore.get::<I>(),
-            has_ignore,
-        );
+        let t = targets.buf[targets.offset as usize + my_row * targets.stride as usize];
+        if comptime![pick.k == 0] {
+            tgt = resolve_target::<I>(t, v, sc.ignore.get::<I>(), has_ignore);
+        } else {
+            row_w = row_word(pk.seed_lo, pk.seed_hi, u32::cast_from(t));
+        }
     }
+    let mut list = empty_candidates(comptime![pick.slots()]);
     let has_tgt = tgt >= 0;
     let tgt_u = usize::cast_from(select(has_tgt, tgt, 0i32));
 
@@ -258,6 +272,7 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
             if has_tgt && tgt_u >= j0 && tgt_u < j0 + ncols {
                 t_logit = z_s[base + tgt_u - j0];
             }
+            offer_tile(&mut list, &z_s, base, ncols, j0, row_w, pick);
         }
         sync_cube();
     }
@@ -268,6 +283,28 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
         partial[o + 2] = t_logit;
         if comptime![entropy] {
             partial[o + 3] = run_u;
+        }
+        if comptime![pick.k > 0] {
+            store_candidates(partial, pk.cand_off, seg * n + my_row, &list, pick.k);
+        }
+    }
+}
+
+/// The sampler's candidates of one tile of a row (nothing without a sampler).
+#[cube]
+#[allow(clippy::too_many_arguments)] // the tile's coordinates, one argument each
+fn offer_tile(
+    list: &mut Candidates,
+    z_s: &SharedMemory<f32>,
+    base: usize,
+    ncols: usize,
+    j0: usize,
+    row_w: u32,
+    #[comptime] pick: PickCfg,
+) {
+    if comptime![pick.k > 0] {
+        for cc in 0..ncols {
+            offer_logit(list, z_s[base + cc], (j0 + cc) as u32, row_w, pick);
         }
     }
 }
@@ -299,6 +336,33 @@ fn online_softmax(
     }
 }
 
+/// Row `row`'s segment partials merged in ascending segment order: `(lse, entropy)`.
+#[cube]
+pub(crate) fn merge_segments(
+    partial: &Tensor<f32>,
+    n: usize,
+    row: usize,
+    num_seg: usize,
+    #[comptime] entropy: bool,
+) -> (f32, f32) {
+    let mut m = neg_inf();
+    let mut s = 0.0f32;
+    let mut u = 0.0f32;
+    for seg in 0..num_seg {
+        let o = (seg * n + row) * LOGP_PARTIAL_STRIDE;
+        let mut ui = 0.0f32;
+        if comptime![entropy] {
+            ui = partial[o + 3];
+        }
+        let (m_new, s_new, u_new) =
+            combine_partials(m, s, u, partial[o], partial[o + 1], ui, entropy);
+        m = m_new;
+        s = s_new;
+        u = u_new;
+    }
+    finish_softmax(m, s, u)
+}
+
 /// Forward pass 2: one unit per row merges the segment partials in ascending segment order and
 /// writes `stats[row] = (logp, lse[, entropy])`.
 #[cube(launch_unchecked)]
@@ -311,26 +375,11 @@ pub(crate) fn logp_merge_kernel<I: Int>(
     #[define(I)] _dtype: StorageType,
 ) {
     let (has_ignore, entropy) = (comptime![cfg.has_ignore], comptime![cfg.entropy]);
-    let (v, neg_inf, nan) = (sc.v, sc.neg_inf, sc.nan);
+    let (v, nan) = (sc.v, sc.nan);
     let n = sc.n_rows as usize;
     let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     if row < n {
-        let mut m = neg_inf;
-        let mut s = 0.0f32;
-        let mut u = 0.0f32;
-        for seg in 0..sc.num_seg as usize {
-            let o = (seg * n + row) * LOGP_PARTIAL_STRIDE;
-            let mut ui = 0.0f32;
-            if comptime![entropy] {
-                ui = partial[o + 3];
-            }
-            let (m_new, s_new, u_new) =
-                combine_partials(m, s, u, partial[o], partial[o + 1], ui, entropy);
-            m = m_new;
-            s = s_new;
-            u = u_new;
-        }
-        let (lse, ent) = finish_softmax(m, s, u);
+        let (lse, ent) = merge_segments(partial, n, row, sc.num_seg as usize, entropy);
         let tgt = resolve_target::<I>(
             targets.buf[targets.offset as usize + row * targets.stride as usize],
             v,

@@ -2,9 +2,12 @@
 //! buffer.
 
 mod backward;
+mod candidates;
 mod forward;
 mod inputs;
 mod logits;
+mod noise;
+mod sample;
 mod tc_backward;
 mod tc_forward;
 mod workspace;
@@ -15,6 +18,10 @@ pub use inputs::{
     LogpGradRefs, LogpInputRefs, linear_logp_backward_workspace_len, linear_logp_forward_max_rows,
     linear_logp_forward_workspace_len, linear_logp_limits, linear_logp_num_segments,
     linear_logp_tensor_cores,
+};
+pub use sample::{
+    SAMPLE_K_MAX, SampleSpec, linear_sample_forward, linear_sample_max_rows,
+    linear_sample_workspace_len,
 };
 
 use crate::error::KernelError;

@@ -66,8 +66,11 @@ pub(crate) fn logits_chunk<R: Runtime>(
     choice.gemm(client, &ops, [rh, c.d, ch], false)
 }
 
-/// The segment partials of every (row, segment) into `workspace[..partials]`, chunk by chunk;
-/// the caller merges them.
+/// Launches on a chunk's logits besides the scan: `(chunk, row stride)`.
+pub(crate) type ChunkLaunch<'a> = &'a dyn Fn([usize; 4], usize) -> Result<(), KernelError>;
+
+/// The segment partials of every (row, segment) into `workspace[..partials]`, chunk by chunk,
+/// and `also` on each chunk's logits (the sampler's candidates); the caller merges them.
 pub(crate) fn tc_forward_partials<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &LogpInputRefs<'_, R>,
@@ -75,6 +78,7 @@ pub(crate) fn tc_forward_partials<R: Runtime>(
     choice: &Products,
     workspace: &TensorBinding<R>,
     scratch_offset: usize,
+    also: Option<ChunkLaunch<'_>>,
 ) -> Result<(), KernelError> {
     let rows_c = c.n.min(TC_FWD_ROWS);
     let cols_c = c.v.min(TC_FWD_VOCAB);
@@ -92,6 +96,9 @@ pub(crate) fn tc_forward_partials<R: Runtime>(
                 cols_c,
             )?;
             launch_scan(client, inputs, c, chunk, workspace, scratch_offset, cols_c)?;
+            if let Some(also) = also {
+                also(chunk, cols_c)?;
+            }
         }
     }
     Ok(())

@@ -9,12 +9,13 @@ use cubecl::server::Binding;
 use super::gemm::{GEMM_ACC_LOAD, GEMM_ACC_STORE, GEMM_STORE_C, GemmOut, Layout, gemm_launch};
 use super::nvrtc::launch;
 use super::operand::TmaOperand;
-use super::params::{LogpBwdParams, LogpFwdParams};
+use super::params::{LogpBwdParams, LogpFwdParams, LogpSampleParams};
 use super::sm_count;
 use super::table::{Entry, constant, entry, lookup};
 use crate::backend::LogpHead;
 use crate::backends::alloc::{empty, zeros};
 use crate::backends::cuda::{CudaOps, CudaTensor};
+use cubecl::{client::ComputeClient, cuda::CudaRuntime};
 
 /// Token rows of one backward chunk (part of the numerics: `dWeight` sums chunks in order).
 const TOKEN_CHUNK: usize = constant("TOKEN_CHUNK");
@@ -33,6 +34,8 @@ const LOGP_ENTROPY: u32 = constant("LOGP_ENTROPY") as u32;
 
 /// The forward's segment merge: one warp per row.
 const MERGE: Entry = lookup("ib_logp_merge");
+/// The sampler's merge: one warp per row.
+const SAMPLE_MERGE: Entry = lookup("ib_logp_sample_merge");
 /// Token rows of one `dz` tile: `dbias_part` holds one row of column sums per such block.
 const DZ_ROW_BLOCK: usize = lookup("ib_logp_bwd_dz_bf16").tile[0];
 
@@ -96,6 +99,10 @@ fn logp_entry(stem: &str, dtype: DType, head: LogpHead) -> Entry {
         ("fwd", false, false) => entry!("ib_logp_fwd_f16"),
         ("fwd", true, true) => entry!("ib_logp_fwd_ent_bf16"),
         ("fwd", true, false) => entry!("ib_logp_fwd_ent_f16"),
+        ("sample", false, true) => entry!("ib_logp_sample_bf16"),
+        ("sample", false, false) => entry!("ib_logp_sample_f16"),
+        ("sample", true, true) => entry!("ib_logp_sample_ent_bf16"),
+        ("sample", true, false) => entry!("ib_logp_sample_ent_f16"),
         ("bwd_dz", false, true) => entry!("ib_logp_bwd_dz_bf16"),
         ("bwd_dz", false, false) => entry!("ib_logp_bwd_dz_f16"),
         ("bwd_dz", true, true) => entry!("ib_logp_bwd_dz_ent_bf16"),
@@ -112,6 +119,112 @@ pub(crate) struct LogpArgs {
     pub targets: CudaTensor,
     pub ignore_index: Option<i64>,
     pub head: LogpHead,
+}
+
+/// The persistent grid of a forward pass (`ib_logp_fwd_*`, `ib_logp_sample_*`) over `n` rows and
+/// `segments` vocabulary segments: one CTA cluster per work item, at most the SMs' worth.
+fn pass_grid(pass: Entry, n: usize, segments: usize, client: &ComputeClient<CudaRuntime>) -> usize {
+    let cluster = pass.cluster;
+    let items = n.div_ceil(pass.tile[0]).div_ceil(cluster) * segments;
+    cluster * items.min(sm_count(client) / cluster).max(1)
+}
+
+/// f32 `[n]` outputs joined as the columns of `[n, C]`.
+fn joined(n: usize, columns: impl Iterator<Item = CudaTensor>) -> CudaTensor {
+    let column = |t: CudaTensor| CudaOps::float_reshape(t, Shape::new([n, 1]));
+    CudaOps::float_cat(columns.map(column).collect(), 1)
+}
+
+/// The sampler in one pass (Gumbel-max with `noise`, argmax without): `[N, C + 1]` f32
+/// `(logp, lse[, entropy], token)` for the row keys in `args.targets` (any integer dtype, taken
+/// modulo 2³²). The pass is the forward's (same tiles, same partials, same merge tree), so `lse`,
+/// `entropy` and `logp = z_token − lse` are [`linear_logp`]'s bits for `targets = tokens`.
+pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTensor {
+    use burn::tensor::{IntDType, ops::IntTensorOps};
+    let LogpArgs {
+        hidden,
+        weight,
+        bias,
+        targets: keys,
+        head,
+        ..
+    } = args;
+    let (n, d, v) = (
+        hidden.meta.shape()[0],
+        hidden.meta.shape()[1],
+        weight.meta.shape()[0],
+    );
+    let (dtype, client) = (hidden.dtype, hidden.client.clone());
+    let out = |len: usize| empty(&hidden, vec![len], DType::F32);
+    let (logp, lse, token) = (out(n), out(n), out(n));
+    let segments = v.div_ceil(FWD_SEGMENT_COLS);
+    let workspace = out(segments * n * 2);
+    let candidates = out(segments * n * 4);
+    let shifted = head.entropy.then(|| out(segments * n));
+    let entropy = head.entropy.then(|| out(n));
+    let keys = match keys.dtype {
+        DType::I32 => keys,
+        _ => CudaOps::int_cast(keys, IntDType::I32),
+    };
+    let keys = into_contiguous(keys);
+    let bias = bias.map(into_contiguous);
+    let (h, w) = (TmaOperand::new(hidden), TmaOperand::new(weight));
+    let params = LogpSampleParams {
+        n: n as u32,
+        v: v as u32,
+        d: d as u32,
+        flags: logp_flags(bias.is_some(), None, head),
+        ignore_index: 0,
+        inv_t: head.inv_temperature,
+        pad: 0,
+        seed_lo: seed as u32,
+        seed_hi: (seed >> 32) as u32,
+        noise: u32::from(noise),
+        pad2: 0,
+    };
+    let binding = |t: &CudaTensor| t.handle.clone().binding();
+    let any = &workspace;
+    let shifted_binding = binding(shifted.as_ref().unwrap_or(any));
+    let bias_binding = bias.as_ref().map_or_else(|| h.binding(), binding);
+    let pass = logp_entry("sample", dtype, head);
+    launch(
+        &client,
+        pass,
+        pass_grid(pass, n, segments, &client),
+        vec![h.map(0, n), w.map(0, v)],
+        vec![
+            h.binding(),
+            w.binding(),
+            bias_binding,
+            binding(&keys),
+            binding(&workspace),
+            shifted_binding.clone(),
+            binding(&candidates),
+        ],
+        &params,
+    );
+    launch(
+        &client,
+        SAMPLE_MERGE,
+        n.div_ceil(SAMPLE_MERGE.tile[0]),
+        vec![],
+        vec![
+            binding(&logp),
+            binding(&lse),
+            binding(&workspace),
+            shifted_binding,
+            binding(entropy.as_ref().unwrap_or(any)),
+            binding(&candidates),
+            binding(&token),
+        ],
+        &params,
+    );
+    joined(
+        n,
+        [Some(logp), Some(lse), entropy, Some(token)]
+            .into_iter()
+            .flatten(),
+    )
 }
 
 /// Forward: `[N, C]` f32 `(logp, lse[, entropy])`.
@@ -175,13 +288,10 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
     let mut buffers = vec![h.binding(), w.binding(), bias_binding];
     buffers.extend(outputs());
     let forward = logp_entry("fwd", dtype, head);
-    let cluster = forward.cluster;
-    let items = n.div_ceil(forward.tile[0]).div_ceil(cluster) * segments;
-    let grid = cluster * items.min(sm_count(&client) / cluster).max(1);
     launch(
         &client,
         forward,
-        grid,
+        pass_grid(forward, n, segments, &client),
         vec![h.map(0, n), w.map(0, v)],
         buffers,
         &params,
@@ -194,9 +304,7 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         outputs().to_vec(),
         &params,
     );
-    let column = |t: CudaTensor| CudaOps::float_reshape(t, Shape::new([n, 1]));
-    let columns = [Some(logp), Some(lse), entropy].into_iter().flatten();
-    CudaOps::float_cat(columns.map(column).collect(), 1)
+    joined(n, [Some(logp), Some(lse), entropy].into_iter().flatten())
 }
 
 /// Flags of chunk `index` of `count` in an f32 accumulation over chunks: load the running sum

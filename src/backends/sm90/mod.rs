@@ -211,6 +211,16 @@ pub(crate) fn linear_logp<R: CubeRuntime, B: CubePrimitives<R>>(
     back(logp::linear_logp(logp_args(inputs)))
 }
 
+/// The sampler in one pass (Gumbel-max with `noise`, argmax without): `[N, C + 1]` f32
+/// `(logp, lse[, entropy], token)` for the row keys in `inputs.targets`.
+pub(crate) fn linear_sample<R: CubeRuntime, B: CubePrimitives<R>>(
+    inputs: LinearLogpInputs<B>,
+    seed: u64,
+    noise: bool,
+) -> CubeTensor<R> {
+    back(logp::linear_sample(logp_args(inputs), seed, noise))
+}
+
 /// Backward from the forward's `stats` and the upstream `grad`.
 pub(crate) fn linear_logp_backward<R: CubeRuntime, B: CubePrimitives<R>>(
     inputs: LinearLogpInputs<B>,

@@ -33,6 +33,27 @@ pub(crate) struct LogpFwdParams {
     pub pad: u32,
 }
 
+/// `LogpSampleParams` of `kernels/linear_logp_sm90.cu` (the sampler's pass and merge).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub(crate) struct LogpSampleParams {
+    pub n: u32,
+    pub v: u32,
+    pub d: u32,
+    /// `LOGP_HAS_BIAS | LOGP_ENTROPY`.
+    pub flags: u32,
+    /// Unused (keys, not targets).
+    pub ignore_index: i64,
+    /// `1 / temperature`.
+    pub inv_t: f32,
+    pub pad: u32,
+    pub seed_lo: u32,
+    pub seed_hi: u32,
+    /// 1: Gumbel-max; 0: argmax.
+    pub noise: u32,
+    pub pad2: u32,
+}
+
 /// `LogpBwdParams` of `kernels/linear_logp_sm90.cu`: one chunk of the backward.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
@@ -186,6 +207,22 @@ mod tests {
                 ignore_index: i64,
                 inv_t: f32,
                 pad: u32
+            })
+        );
+        assert_eq!(
+            c_layout(LOGP, "LogpSampleParams"),
+            rust_layout!(LogpSampleParams {
+                n: u32,
+                v: u32,
+                d: u32,
+                flags: u32,
+                ignore_index: i64,
+                inv_t: f32,
+                pad: u32,
+                seed_lo: u32,
+                seed_hi: u32,
+                noise: u32,
+                pad2: u32
             })
         );
         assert_eq!(

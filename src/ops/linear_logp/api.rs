@@ -208,13 +208,30 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     bias: Option<&Tensor<B, 1>>,
     options: &LinearLogpOptions,
 ) -> Result<Implementation, InvariantError> {
-    let ([n, d], [v, _]) = (hidden.dims(), weight.dims());
-    let device = hidden.device();
     options.head(false)?;
+    let implementation = check_logits(hidden, weight, ("targets", targets), bias)?;
+    let ([n, _], [v, _]) = (hidden.dims(), weight.dims());
+    if !options.skip_target_check && n > 0 {
+        validate::targets_in_range(targets, v, options.ignore_index)?;
+    }
+    Ok(implementation)
+}
+
+/// The checks of the logits `hidden · weightᵀ + bias` and of a per-row integer tensor named
+/// `rows.0` (`linear_logp`'s targets, `linear_sample`'s keys), then the registry's choice.
+pub(crate) fn check_logits<B: InvariantBackend>(
+    hidden: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    rows: (&'static str, &Tensor<B, 1, Int>),
+    bias: Option<&Tensor<B, 1>>,
+) -> Result<Implementation, InvariantError> {
+    let ([n, d], [v, _]) = (hidden.dims(), weight.dims());
+    let (rows_arg, rows) = rows;
+    let device = hidden.device();
     validate::float_dtype("hidden", hidden.dtype())?;
     validate::same_dtype("weight", "hidden", hidden.dtype(), weight.dtype())?;
     validate::same_device::<B>("weight", "hidden", &device, &weight.device())?;
-    validate::same_device::<B>("targets", "hidden", &device, &targets.device())?;
+    validate::same_device::<B>(rows_arg, "hidden", &device, &rows.device())?;
     validate::dim(
         "weight",
         &weight.dims(),
@@ -229,7 +246,7 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
             got: weight.dims().to_vec(),
         });
     }
-    validate::dim("targets", &targets.dims(), 0, n, "the rows N of `hidden`")?;
+    validate::dim(rows_arg, &rows.dims(), 0, n, "the rows N of `hidden`")?;
     if let Some(bias) = bias {
         validate::same_dtype("bias", "weight", weight.dtype(), bias.dtype())?;
         validate::same_device::<B>("bias", "hidden", &device, &bias.device())?;
@@ -244,11 +261,7 @@ pub(crate) fn check_linear_logp<B: InvariantBackend>(
     validate::index_limit("hidden", &hidden.dims())?;
     validate::index_limit("weight", &weight.dims())?;
     // The per-row statistics `[N, 3]` and their gradient are indexed by the kernels too.
-    validate::index_limit("targets", &[n, 3])?;
+    validate::index_limit(rows_arg, &[n, 3])?;
     let problem = Problem::LinearLogp { n, d, v };
-    let implementation = implementation_for_problem::<B>(&device, hidden.dtype(), problem)?;
-    if !options.skip_target_check && n > 0 {
-        validate::targets_in_range(targets, v, options.ignore_index)?;
-    }
-    Ok(implementation)
+    implementation_for_problem::<B>(&device, hidden.dtype(), problem)
 }

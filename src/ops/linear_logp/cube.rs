@@ -60,7 +60,7 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LinearLogp
 }
 
 /// The inputs as the kernels take them: targets in a kernel dtype, every view addressable.
-fn kernel_inputs<R, F, I, BT>(
+pub(crate) fn kernel_inputs<R, F, I, BT>(
     inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
 ) -> LinearLogpInputs<CubeBackend<R, F, I, BT>>
 where
@@ -90,7 +90,6 @@ where
     I: IntElement,
     BT: BoolElement,
 {
-    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
     let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
     let dtype = inputs.hidden.dtype.into();
     let columns = inputs.head.columns();
@@ -103,7 +102,7 @@ where
         vec![logp::linear_logp_forward_workspace_len(rows, v, dtype).max(1)],
         DType::F32,
     );
-    let run = |inputs: &LinearLogpInputs<B<R, F, I, BT>>| {
+    by_row_parts(inputs, rows, |inputs| {
         let rh = inputs.hidden.meta.shape()[0];
         let stats = empty(&inputs.hidden, vec![rh, columns], DType::F32);
         let bindings = LogpBindings::new(inputs);
@@ -116,8 +115,25 @@ where
         ));
         settle_launches(&inputs.hidden.client, &inputs.hidden.device, class);
         stats
-    };
-    if rows == n {
+    })
+}
+
+/// `run` on row parts of at most `rows` rows (hidden and targets sliced alike), the results
+/// concatenated: rows are independent, so the split changes no bit.
+pub(crate) fn by_row_parts<R, F, I, BT>(
+    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
+    rows: usize,
+    run: impl Fn(&LinearLogpInputs<CubeBackend<R, F, I, BT>>) -> CubeTensor<R>,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    type B<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+    let n = inputs.hidden.meta.shape()[0];
+    if rows >= n {
         return run(&inputs);
     }
     let parts = (0..n)
@@ -192,7 +208,10 @@ where
 
 /// The launch class of a `linear_logp` call: the rows vary freely; the head's switches, the
 /// ignore index and the other sizes pick the kernels.
-fn logp_class<R: CubeRuntime, B>(primitive: &'static str, inputs: &LinearLogpInputs<B>) -> u64
+pub(crate) fn logp_class<R: CubeRuntime, B>(
+    primitive: &'static str,
+    inputs: &LinearLogpInputs<B>,
+) -> u64
 where
     B: burn::tensor::backend::Backend<
             FloatTensorPrimitive = CubeTensor<R>,
@@ -215,7 +234,7 @@ where
 }
 
 /// Owned bindings of the `linear_logp` inputs (the kernel API borrows them).
-struct LogpBindings<R: CubeRuntime> {
+pub(crate) struct LogpBindings<R: CubeRuntime> {
     hidden: cubecl::prelude::TensorBinding<R>,
     weight: cubecl::prelude::TensorBinding<R>,
     bias: Option<cubecl::prelude::TensorBinding<R>>,
@@ -223,7 +242,7 @@ struct LogpBindings<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> LogpBindings<R> {
-    fn new<
+    pub(crate) fn new<
         B: burn::tensor::backend::Backend<
                 FloatTensorPrimitive = CubeTensor<R>,
                 IntTensorPrimitive = CubeTensor<R>,
@@ -239,7 +258,7 @@ impl<R: CubeRuntime> LogpBindings<R> {
         }
     }
 
-    fn refs<
+    pub(crate) fn refs<
         'a,
         B: burn::tensor::backend::Backend<
                 FloatTensorPrimitive = CubeTensor<R>,

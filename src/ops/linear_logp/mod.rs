@@ -4,7 +4,7 @@
 pub(crate) mod api;
 pub(crate) mod autodiff;
 #[cfg(feature = "cubecl")]
-mod cube;
+pub(crate) mod cube;
 #[cfg(feature = "cubecl")]
 mod fusion;
 pub mod oracle;

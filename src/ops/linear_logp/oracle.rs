@@ -127,7 +127,7 @@ impl LogpProblem<'_> {
 
     /// `z[i, j]`: one ascending `mul_add` chain over D, then the bias, then `· 1/T`.
     #[inline]
-    fn logit(&self, i: usize, j: usize) -> f32 {
+    pub(crate) fn logit(&self, i: usize, j: usize) -> f32 {
         let h = &self.hidden[i * self.d..(i + 1) * self.d];
         let w = &self.weight[j * self.d..(j + 1) * self.d];
         let dot = h

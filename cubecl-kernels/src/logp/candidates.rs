@@ -1,0 +1,146 @@
+//! The sampler's candidates (`linear_sample`): each unit's best columns under a total order, kept
+//! sorted in a short list, offered and stored the same way by the forward's segment kernels and
+//! the sampler's own.
+
+use super::noise::{NOISE_MAX, gumbel};
+use crate::attention::math::neg_inf;
+use cubecl::prelude::*;
+
+/// Vocabulary index of an empty candidate slot; never a token (`V ≤ 2²⁴`) and exact in f32.
+pub(crate) const NO_TOKEN: u32 = 1 << 24;
+/// f32 words per candidate in the workspace: key, logit, index.
+pub(crate) const CANDIDATE: usize = 3;
+
+/// What the candidate code of a kernel keeps: `k = 0` keeps nothing (`linear_logp`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct PickCfg {
+    pub k: u32,
+    pub noise: bool,
+    pub emulate_fma: bool,
+}
+
+impl PickCfg {
+    /// No candidates.
+    pub(crate) const NONE: Self = Self {
+        k: 0,
+        noise: false,
+        emulate_fma: false,
+    };
+
+    /// Slots of the kernels' candidate arrays (at least one, so they always exist).
+    pub(crate) const fn slots(&self) -> usize {
+        if self.k == 0 { 1 } else { self.k as usize }
+    }
+}
+
+/// Where the candidates lie in the workspace, and the seed's halves.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct PickScalars {
+    pub cand_off: u32,
+    pub seed_lo: u32,
+    pub seed_hi: u32,
+}
+
+/// The candidate scalars of a launch that keeps none.
+pub(crate) fn no_pick<R: Runtime>() -> PickScalarsLaunch<R> {
+    PickScalarsLaunch::new(0, 0, 0)
+}
+
+/// A row's sorted candidates (best first): keys, logits, indices.
+#[derive(CubeType)]
+pub(crate) struct Candidates {
+    pub key: Array<f32>,
+    pub z: Array<f32>,
+    pub idx: Array<u32>,
+}
+
+/// `k` empty slots.
+#[cube]
+pub(crate) fn empty_candidates(#[comptime] slots: usize) -> Candidates {
+    let mut key = Array::<f32>::new(slots);
+    let mut z = Array::<f32>::new(slots);
+    let mut idx = Array::<u32>::new(slots);
+    #[unroll]
+    for e in 0..slots {
+        key[e] = neg_inf();
+        z[e] = neg_inf();
+        idx[e] = NO_TOKEN;
+    }
+    Candidates { key, z, idx }
+}
+
+/// Whether `(key, j)` ranks before `(other, oj)`: a larger key, on equal keys the smaller index.
+/// A key of −∞ or NaN never ranks.
+#[cube]
+pub(crate) fn beats(key: f32, j: u32, other: f32, oj: u32) -> bool {
+    key > neg_inf() && (key > other || (key == other && j < oj))
+}
+
+/// Inserts `(key, z, j)` into the first `k` sorted slots if it ranks before the last; returns
+/// whether it did. The order is total, so the list is the same whatever the offering order.
+#[cube]
+pub(crate) fn offer(list: &mut Candidates, key: f32, z: f32, j: u32, #[comptime] k: u32) -> bool {
+    let last = comptime![k as usize - 1];
+    let enters = beats(key, j, list.key[last], list.idx[last]);
+    if enters {
+        // A runtime index (a comptime one would be folded, and `0 - 1` with it).
+        let mut p = usize::new(comptime![last as i64]);
+        if comptime![k > 1] {
+            loop {
+                if p == 0 {
+                    break;
+                }
+                if !beats(key, j, list.key[p - 1], list.idx[p - 1]) {
+                    break;
+                }
+                list.key[p] = list.key[p - 1];
+                list.z[p] = list.z[p - 1];
+                list.idx[p] = list.idx[p - 1];
+                p -= 1;
+            }
+        }
+        list.key[p] = key;
+        list.z[p] = z;
+        list.idx[p] = j;
+    }
+    enters
+}
+
+/// Offers tempered logit `z` of column `j`: with noise and one slot its Gumbel key (skipped where
+/// `z + NOISE_MAX` is below the best key: it could not win), otherwise `z` itself.
+#[cube]
+pub(crate) fn offer_logit(
+    list: &mut Candidates,
+    z: f32,
+    j: u32,
+    row: u32,
+    #[comptime] pick: PickCfg,
+) {
+    if comptime![pick.noise && pick.k == 1] {
+        if z + NOISE_MAX >= list.key[0] {
+            let key = z + gumbel(row, j, pick.emulate_fma);
+            offer(list, key, z, j, 1u32);
+        }
+    } else {
+        offer(list, z, z, j, pick.k);
+    }
+}
+
+/// Writes a list's `k` slots at candidate slot `slot` (each of `k · CANDIDATE` words).
+#[cube]
+pub(crate) fn store_candidates(
+    ws: &mut Tensor<f32>,
+    cand_off: u32,
+    slot: usize,
+    list: &Candidates,
+    #[comptime] k: u32,
+) {
+    let kk = comptime![k as usize];
+    let o = cand_off as usize + slot * kk * CANDIDATE;
+    #[unroll]
+    for e in 0..kk {
+        ws[o + e * CANDIDATE] = list.key[e];
+        ws[o + e * CANDIDATE + 1] = list.z[e];
+        ws[o + e * CANDIDATE + 2] = f32::cast_from(list.idx[e]);
+    }
+}
