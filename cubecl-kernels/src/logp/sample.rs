@@ -17,7 +17,7 @@ use super::noise::{gumbel, row_word};
 use super::tc_forward::{LogitsChunk, LogitsChunkLaunch, tc_forward_partials};
 use super::workspace::{partials_len, tc_forward_scratch_len};
 use crate::attention::math::neg_inf;
-use crate::consts::{LOGP_FWD_SEGMENT, LOGP_ROWS, MAX_INDEX, SCAN_LANES, TC_FWD_ROWS};
+use crate::consts::{LOGP_FWD_SEGMENT, LOGP_ROWS, MAX_INDEX, SCAN_BATCH, SCAN_LANES, TC_FWD_ROWS};
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
 use crate::gemm::view::{MatArg, MatArgLaunch};
@@ -349,8 +349,11 @@ pub(crate) fn chunk_top_k_kernel(
     let mut lk = SharedMemory::<f32>::new(kk);
     let mut lz = SharedMemory::<f32>::new(kk);
     let mut li = SharedMemory::<u32>::new(kk);
-    let mut ck = SharedMemory::<f32>::new(SCAN_LANES);
-    let mut cj = SharedMemory::<u32>::new(SCAN_LANES);
+    // Each step: every unit tests SCAN_BATCH columns against the list's last entry and keeps the
+    // ones that pass; then the first unit inserts them (a count per unit, no ordering needed).
+    let mut cnt = SharedMemory::<u32>::new(SCAN_LANES);
+    let mut ck = SharedMemory::<f32>::new(SCAN_LANES * SCAN_BATCH);
+    let mut cj = SharedMemory::<u32>::new(SCAN_LANES * SCAN_BATCH);
     let mut e = lane;
     while e < kk {
         if cs == 0 {
@@ -365,38 +368,48 @@ pub(crate) fn chunk_top_k_kernel(
         e += SCAN_LANES;
     }
     sync_cube();
-    let steps = ch.div_ceil(SCAN_LANES);
+    let steps = ch.div_ceil(SCAN_LANES * SCAN_BATCH);
     for t in 0..steps {
-        let col = t * SCAN_LANES + lane;
-        let mut z = neg_inf();
-        if col < ch {
-            z = chunk.buf[zbase + col] * sc.inv_t;
+        let (bar, bar_j) = (lk[last], li[last]);
+        let mut mine = 0usize;
+        #[unroll]
+        for b in 0..SCAN_BATCH {
+            let col = (t * SCAN_BATCH + b) * SCAN_LANES + lane;
+            let mut z = neg_inf();
+            if col < ch {
+                z = chunk.buf[zbase + col] * sc.inv_t;
+            }
+            let j = u32::cast_from(cs + col);
+            if beats(z, j, bar, bar_j) {
+                ck[lane * SCAN_BATCH + mine] = z;
+                cj[lane * SCAN_BATCH + mine] = j;
+                mine += 1;
+            }
         }
-        let j = u32::cast_from(cs + col);
-        let pass = beats(z, j, lk[last], li[last]);
-        ck[lane] = select(pass, z, neg_inf());
-        cj[lane] = j;
+        cnt[lane] = mine as u32;
         sync_cube();
         if lane == 0 {
             for q in 0..SCAN_LANES {
-                let (x, xj) = (ck[q], cj[q]);
-                if beats(x, xj, lk[last], li[last]) {
-                    let mut p = usize::new(comptime![last as i64]);
-                    loop {
-                        if p == 0 {
-                            break;
+                for c in 0..cnt[q] as usize {
+                    let (x, xj) = (ck[q * SCAN_BATCH + c], cj[q * SCAN_BATCH + c]);
+                    if beats(x, xj, lk[last], li[last]) {
+                        let mut p = usize::new(comptime![last as i64]);
+                        loop {
+                            if p == 0 {
+                                break;
+                            }
+                            if !beats(x, xj, lk[p - 1], li[p - 1]) {
+                                break;
+                            }
+                            lk[p] = lk[p - 1];
+                            lz[p] = lz[p - 1];
+                            li[p] = li[p - 1];
+                            p -= 1;
                         }
-                        if !beats(x, xj, lk[p - 1], li[p - 1]) {
-                            break;
-                        }
-                        lk[p] = lk[p - 1];
-                        lz[p] = lz[p - 1];
-                        li[p] = li[p - 1];
-                        p -= 1;
+                        lk[p] = x;
+                        lz[p] = x;
+                        li[p] = xj;
                     }
-                    lk[p] = x;
-                    lz[p] = x;
-                    li[p] = xj;
                 }
             }
         }
