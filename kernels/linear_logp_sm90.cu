@@ -155,6 +155,46 @@ struct Pick {
   }
 };
 
+// The sampler's candidates of one row (i) of a consumer's tile: z exactly as the target logit (acc * inv_t);
+// without noise each z is offered as its own key; with noise the Gumbel key only where z + NOISE_MAX reaches
+// both the best key and `bar` (others cannot win), one column at a time from a mask, the row's 64
+// accumulators read back from local memory: one copy of the noise code, not one per unrolled column.
+template <class G>
+__device__ __forceinline__ void offer_tile(const float (&acc)[G::NACC], int i, int cb, float inv_t, float bar,
+                                           u32 rw, bool noise, Pick& best) {
+  if (!noise) {
+#pragma unroll
+    for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float z = __fmul_rn(acc[4 * j + 2 * i + h], inv_t);
+        best.offer(z, z, cb + 8 * j + h);
+      }
+    return;
+  }
+  u64 live = 0;
+#pragma unroll
+  for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float reach = __fadd_rn(__fmul_rn(acc[4 * j + 2 * i + h], inv_t), LOGP_NOISE_MAX);
+      if (reach >= best.key && reach >= bar) live |= 1ull << (2 * j + h);
+    }
+  if (!live) return;
+  float zrow[G::BN / 4];
+#pragma unroll
+  for (int j = 0; j < G::BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) zrow[2 * j + h] = acc[4 * j + 2 * i + h];
+  while (live) {
+    const int b = __ffsll((long long)live) - 1;
+    live &= live - 1;
+    const float z = __fmul_rn(zrow[b], inv_t);
+    const int col = cb + 8 * (b >> 1) + (b & 1);
+    if (__fadd_rn(z, LOGP_NOISE_MAX) >= best.key) best.offer(__fadd_rn(z, gumbel(rw, (u32)col)), z, col);
+  }
+}
+
 template <class T, class G, bool ENT, bool SAMPLE, class P>
 __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc* tmW, const P& p,
                                               const T* __restrict__ bias,
@@ -267,49 +307,14 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
             mrun[i] = mnew;
           }
           if constexpr (SAMPLE) {
-            // z exactly as the target logit below (acc * inv_t)
-            if (!p.noise) {
-#pragma unroll
-              for (int j = 0; j < G::BN / 8; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  const float z = __fmul_rn(acc[4 * j + 2 * i + h], inv_t);
-                  best[i].offer(z, z, cb + 8 * j + h);
-                }
-            } else {
-              // The noisy key only where z + NOISE_MAX reaches the bar (others cannot win), one column at
-              // a time from a mask: one copy of the noise code, not one per unrolled column. The bar: the
-              // best key so far, or the quad's largest logit so far plus NOISE_MIN. Rows past N skip.
-              const float mq = fmaxf(mrun[i], __shfl_xor_sync(0xffffffffu, mrun[i], 1));
-              float bar0 = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2)) + LOGP_NOISE_MIN;
-              if (bar0 != bar0) bar0 = IB_NEG_INF;  // a NaN logit ranks nothing and bars nothing
-              u64 live = 0;
-#pragma unroll
-              for (int j = 0; j < G::BN / 8; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  const float reach = __fadd_rn(__fmul_rn(acc[4 * j + 2 * i + h], inv_t), LOGP_NOISE_MAX);
-                  if (reach >= best[i].key && reach >= bar0) live |= 1ull << (2 * j + h);
-                }
-              if (row[i] >= N) live = 0;
-              // The row's 64 accumulators in local memory (vector stores, L1), read by column below:
-              // cheaper than a 64-way register select per column.
-              float zrow[G::BN / 4];
-              if (live) {
-#pragma unroll
-                for (int j = 0; j < G::BN / 8; ++j)
-#pragma unroll
-                  for (int h = 0; h < 2; ++h) zrow[2 * j + h] = acc[4 * j + 2 * i + h];
-              }
-              while (live) {
-                const int b = __ffsll((long long)live) - 1;
-                live &= live - 1;
-                const float z = __fmul_rn(zrow[b], inv_t);
-                const int col = cb + 8 * (b >> 1) + (b & 1);
-                if (__fadd_rn(z, LOGP_NOISE_MAX) >= best[i].key)
-                  best[i].offer(__fadd_rn(z, gumbel(rw[i], (u32)col)), z, col);
-              }
-            }
+            // The bar of the noisy keys: the quad's largest z so far plus NOISE_MIN (all lanes shuffle).
+            const float mq = fmaxf(mrun[i], __shfl_xor_sync(0xffffffffu, mrun[i], 1));
+            float bar = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2)) + LOGP_NOISE_MIN;
+            if (bar != bar) bar = IB_NEG_INF;  // a NaN logit ranks nothing and bars nothing
+            // A tile whose largest z cannot reach the best key is skipped (a NaN max is not).
+            const float reach_max = __fadd_rn(__fmul_rn(mx, inv_t), p.noise ? LOGP_NOISE_MAX : 0.f);
+            if (row[i] < N && !(reach_max < best[i].key))
+              offer_tile<G>(acc, i, cb, inv_t, p.noise ? bar : IB_NEG_INF, rw[i], p.noise, best[i]);
           }
           // target logit: taken from the same f32 accumulator the softmax used
           const int tl = tgt[i] - n0;
