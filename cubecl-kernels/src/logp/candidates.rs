@@ -2,9 +2,15 @@
 //! sorted in a short list, offered and stored the same way by the forward's segment kernels and
 //! the sampler's own.
 
-use super::noise::{NOISE_MAX, gumbel};
+use super::noise::{NOISE_MAX, NOISE_MIN, gumbel};
 use crate::attention::math::neg_inf;
 use cubecl::prelude::*;
+
+/// The bar of [`offer_logit`] for a unit whose largest tempered logit so far is `m` (never NaN).
+#[cube]
+pub(crate) fn noise_bar(m: f32) -> f32 {
+    m + NOISE_MIN
+}
 
 /// Vocabulary index of an empty candidate slot; never a token (`V ≤ 2²⁴`) and exact in f32.
 pub(crate) const NO_TOKEN: u32 = 1 << 24;
@@ -107,17 +113,20 @@ pub(crate) fn offer(list: &mut Candidates, key: f32, z: f32, j: u32, #[comptime]
 }
 
 /// Offers tempered logit `z` of column `j`: with noise and one slot its Gumbel key (skipped where
-/// `z + NOISE_MAX` is below the best key: it could not win), otherwise `z` itself.
+/// `z + NOISE_MAX` is below the best key or below `bar`, the largest logit seen so far plus
+/// `NOISE_MIN`, whose own key is at least that: it could not win), otherwise `z` itself.
 #[cube]
 pub(crate) fn offer_logit(
     list: &mut Candidates,
     z: f32,
     j: u32,
     row: u32,
+    bar: f32,
     #[comptime] pick: PickCfg,
 ) {
     if comptime![pick.noise && pick.k == 1] {
-        if z + NOISE_MAX >= list.key[0] {
+        let reach = z + NOISE_MAX;
+        if reach >= list.key[0] && reach >= bar {
             let key = z + gumbel(row, j, pick.emulate_fma);
             offer(list, key, z, j, 1u32);
         }

@@ -2,8 +2,8 @@
 //! in ascending segment order.
 
 use super::candidates::{
-    Candidates, PickCfg, PickScalars, PickScalarsLaunch, empty_candidates, no_pick, offer_logit,
-    store_candidates,
+    Candidates, PickCfg, PickScalars, PickScalarsLaunch, empty_candidates, no_pick, noise_bar,
+    offer_logit, store_candidates,
 };
 use super::inputs::{
     Checked, LogpInputRefs, check_inputs, check_workspace, ignore_scalar, linear,
@@ -272,7 +272,7 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
             if has_tgt && tgt_u >= j0 && tgt_u < j0 + ncols {
                 t_logit = z_s[base + tgt_u - j0];
             }
-            offer_tile(&mut list, &z_s, base, ncols, j0, row_w, pick);
+            offer_tile(&mut list, &z_s, base, ncols, j0, row_w, run_m, pick);
         }
         sync_cube();
     }
@@ -300,11 +300,14 @@ fn offer_tile(
     ncols: usize,
     j0: usize,
     row_w: u32,
+    run_m: f32,
     #[comptime] pick: PickCfg,
 ) {
     if comptime![pick.k > 0] {
+        // The running max already holds this tile's.
+        let bar = noise_bar(run_m);
         for cc in 0..ncols {
-            offer_logit(list, z_s[base + cc], (j0 + cc) as u32, row_w, pick);
+            offer_logit(list, z_s[base + cc], (j0 + cc) as u32, row_w, bar, pick);
         }
     }
 }

@@ -12,6 +12,10 @@ const TWO_POW_M24: u32 = 0x3380_0000;
 /// exhaustively there): a logit this far below the best key cannot win.
 pub(crate) const NOISE_MAX: f32 = 16.7;
 
+/// A lower bound of the noise likewise (the Reference's `NOISE_MIN`): the largest logit's key is at
+/// least that logit plus this.
+pub(crate) const NOISE_MIN: f32 = -2.82;
+
 /// Wellons' `lowbias32`.
 #[cube]
 pub(crate) fn mix(x: u32) -> u32 {

@@ -4,8 +4,8 @@
 //! `linear_logp_forward` gives for that target.
 
 use super::candidates::{
-    CANDIDATE, NO_TOKEN, PickCfg, PickScalars, PickScalarsLaunch, beats, empty_candidates, offer,
-    offer_logit, store_candidates,
+    CANDIDATE, NO_TOKEN, PickCfg, PickScalars, PickScalarsLaunch, beats, empty_candidates,
+    noise_bar, offer, offer_logit, store_candidates,
 };
 use super::forward::{launch_fma_partials, merge_segments};
 use super::inputs::{
@@ -285,12 +285,21 @@ pub(crate) fn chunk_candidates_kernel<I: Int>(
     let rw = row_word(pk.seed_lo, pk.seed_hi, u32::cast_from(key));
 
     let mut list = empty_candidates(kk);
+    let mut m = neg_inf();
     let steps = (seg1 - seg0).div_ceil(SCAN_LANES);
     for t in 0..steps {
         let col = seg0 + t * SCAN_LANES + lane;
         if col < seg1 {
             let z = chunk.buf[zbase + col] * sc.inv_t;
-            offer_logit(&mut list, z, u32::cast_from(cs + col), rw, pick);
+            m = select(z > m, z, m);
+            offer_logit(
+                &mut list,
+                z,
+                u32::cast_from(cs + col),
+                rw,
+                noise_bar(m),
+                pick,
+            );
         }
     }
 
