@@ -23,6 +23,7 @@ use burn_invariant_cubecl::attention::{
 };
 use burn_invariant_cubecl::consts::{CMMA_TILE, CmmaTile};
 use burn_invariant_cubecl::gemm::{fma_emulated_on_device, matmul_cmma_tiled};
+use burn_invariant_cubecl::logp::{SampleSpec, linear_sample_forward, linear_sample_workspace_len};
 use burn_invariant_cubecl::tp::{self, GlobalTargets};
 use burn_invariant_cubecl::{
     FloatDType, GemmPath, IndexDType, KernelError, LogpGradRefs, LogpInputRefs, RmsNormGradRefs,
@@ -42,6 +43,7 @@ pub fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> usize {
     let mut s = Sweep::new(client);
     s.gemm();
     s.logp();
+    s.sample();
     s.attention();
     s.rms_norm();
     s.tp();
@@ -516,6 +518,72 @@ impl<'a, R: Runtime> Sweep<'a, R> {
         let ws = self.dense(&[len], 4);
         let r = linear_logp_backward(self.client, &inputs, &stats, &grad, &grads, &ws);
         self.done(r, || format!("linear_logp_backward {dt:?} {case:?}"));
+    }
+
+    // ---------------------------------------------------------------------------------------
+    // linear_sample: logp_partial_kernel <F, I>{.., pick k 1 | 5 | 64, noise} (FMA path),
+    // chunk_candidates_kernel <I>{k 1, noise} and chunk_top_k_kernel {k} (tensor-core path),
+    // sample_merge_kernel <I>{entropy, pick}.
+
+    fn sample(&mut self) {
+        for dt in self.floats.clone() {
+            let tc = dt != FloatDType::F32 && linear_logp_tensor_cores(self.client, dt.storage());
+            self.sample_calls(dt, if tc { 64 } else { 37 });
+            if !tc && dt != FloatDType::F32 {
+                // The tensor-core path's own kernels, with FMA GEMMs (the test hook).
+                with_chunked_fma(|| self.sample_calls(dt, 64));
+            }
+        }
+    }
+
+    /// Gumbel-max, greedy, top-5 and top-64, each with and without bias and entropy (keys i32,
+    /// and i64 once where the client has it).
+    fn sample_calls(&mut self, dt: FloatDType, d: usize) {
+        let mut keys = vec![IndexDType::I32];
+        if self.ints.contains(&IndexDType::I64) {
+            keys.push(IndexDType::I64);
+        }
+        for (k, noise) in [(1, true), (1, false), (5, true), (64, true)] {
+            for (bias, entropy) in [(false, false), (true, true)] {
+                for &key in &keys {
+                    let spec = SampleSpec { seed: 7, k, noise };
+                    self.sample_call(dt, [37, d, 160], bias, entropy, key, spec);
+                }
+            }
+        }
+    }
+
+    fn sample_call(
+        &mut self,
+        dt: FloatDType,
+        [n, d, v]: [usize; 3],
+        bias: bool,
+        entropy: bool,
+        keys: IndexDType,
+        spec: SampleSpec,
+    ) {
+        let (st, es) = (dt.storage(), dt.size());
+        let hidden = self.dense(&[n, d], es);
+        let weight = self.dense(&[v, d], es);
+        let bias_buf = self.dense(&[v], es);
+        let key_buf = self.dense(&[n], keys.size());
+        let inputs = LogpInputRefs {
+            hidden: &hidden,
+            weight: &weight,
+            bias: bias.then_some(&bias_buf),
+            targets: &key_buf,
+            targets_dtype: keys.storage(),
+            ignore_index: None,
+            dtype: st,
+            inv_temperature: 0.5,
+            entropy,
+        };
+        let out = self.dense(&[n, inputs.stats_columns() + 1], 4);
+        let ws = self.dense(&[linear_sample_workspace_len(n, v, st, spec.k)], 4);
+        let r = linear_sample_forward(self.client, &inputs, spec, &out, &ws);
+        self.done(r, || {
+            format!("linear_sample_forward {dt:?} {spec:?} bias {bias} entropy {entropy} {keys:?}")
+        });
     }
 
     // ---------------------------------------------------------------------------------------
