@@ -135,6 +135,25 @@ pub(crate) fn offer_logit(
     }
 }
 
+/// Reads a list's `k` slots from candidate slot `slot` (as [`store_candidates`] wrote them).
+#[cube]
+pub(crate) fn load_candidates(
+    ws: &Tensor<f32>,
+    cand_off: u32,
+    slot: usize,
+    list: &mut Candidates,
+    #[comptime] k: u32,
+) {
+    let kk = comptime![k as usize];
+    let o = cand_off as usize + slot * kk * CANDIDATE;
+    #[unroll]
+    for e in 0..kk {
+        list.key[e] = ws[o + e * CANDIDATE];
+        list.z[e] = ws[o + e * CANDIDATE + 1];
+        list.idx[e] = u32::cast_from(ws[o + e * CANDIDATE + 2]);
+    }
+}
+
 /// Writes a list's `k` slots at candidate slot `slot` (each of `k · CANDIDATE` words).
 #[cube]
 pub(crate) fn store_candidates(

@@ -272,7 +272,8 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
             if has_tgt && tgt_u >= j0 && tgt_u < j0 + ncols {
                 t_logit = z_s[base + tgt_u - j0];
             }
-            offer_tile(&mut list, &z_s, base, ncols, j0, row_w, run_m, pick);
+            let tile = TileRow { base, ncols, j0 };
+            offer_tile(&mut list, &z_s, tile, row_w, run_m, pick);
         }
         sync_cube();
     }
@@ -290,24 +291,31 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
     }
 }
 
-/// The sampler's candidates of one tile of a row (nothing without a sampler).
-#[cube]
-#[allow(clippy::too_many_arguments)] // the tile's coordinates, one argument each
-fn offer_tile(
-    list: &mut Candidates,
-    z_s: &SharedMemory<f32>,
+/// A row's logits in a staged tile: `ncols` of them at `base` in shared memory, the first being
+/// vocabulary column `j0`.
+#[derive(CubeType)]
+struct TileRow {
     base: usize,
     ncols: usize,
     j0: usize,
+}
+
+/// The sampler's candidates of one tile of a row (nothing without a sampler); `run_m` is the
+/// row's running max, which already holds this tile's.
+#[cube]
+fn offer_tile(
+    list: &mut Candidates,
+    z_s: &SharedMemory<f32>,
+    tile: TileRow,
     row_w: u32,
     run_m: f32,
     #[comptime] pick: PickCfg,
 ) {
     if comptime![pick.k > 0] {
-        // The running max already holds this tile's.
         let bar = noise_bar(run_m);
-        for cc in 0..ncols {
-            offer_logit(list, z_s[base + cc], (j0 + cc) as u32, row_w, bar, pick);
+        for cc in 0..tile.ncols {
+            let j = (tile.j0 + cc) as u32;
+            offer_logit(list, z_s[tile.base + cc], j, row_w, bar, pick);
         }
     }
 }

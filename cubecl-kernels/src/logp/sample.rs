@@ -5,7 +5,7 @@
 
 use super::candidates::{
     CANDIDATE, NO_TOKEN, PickCfg, PickScalars, PickScalarsLaunch, beats, empty_candidates,
-    noise_bar, offer, offer_logit, store_candidates,
+    load_candidates, noise_bar, offer, offer_logit, store_candidates,
 };
 use super::forward::{launch_fma_partials, merge_segments};
 use super::inputs::{
@@ -102,8 +102,7 @@ pub fn linear_sample_forward<R: Runtime>(
         emulate_fma: fma_mode(client) == FmaMode::Emulated,
     };
     let cand_off = partials_len(c.n, c.v);
-    let scalars =
-        || PickScalarsLaunch::new(cand_off as u32, spec.seed as u32, (spec.seed >> 32) as u32);
+    let scalars = || pick_scalars(cand_off, spec.seed);
     let tensor_cores = tensor_core_choice(client, &c);
     // The tensor-core path's top-k keeps one list per row across its chunks.
     let lists = if tensor_cores.is_some() && spec.k > 1 {
@@ -115,18 +114,15 @@ pub fn linear_sample_forward<R: Runtime>(
         Some(choice) => {
             let scratch =
                 cand_off + linear_logp_num_segments(c.v) * c.n * spec.k as usize * CANDIDATE;
+            let pass = ChunkPass {
+                workspace,
+                logits_offset: scratch,
+                cand_off,
+                seed: spec.seed,
+                pick,
+            };
             let candidates = |chunk: [usize; 4], ld: usize| {
-                launch_chunk_candidates(
-                    client,
-                    inputs,
-                    &c,
-                    chunk,
-                    workspace,
-                    scratch,
-                    ld,
-                    pick,
-                    scalars(),
-                )
+                launch_chunk_candidates(client, inputs, &c, chunk, ld, &pass)
             };
             tc_forward_partials(
                 client,
@@ -193,20 +189,38 @@ fn check_sample<R: Runtime>(
 /// Rows per cube of the merge.
 const MERGE_BLOCK: usize = 128;
 
-/// One candidate launch over a tensor-core chunk's logits: a cube of `SCAN_LANES` units per
-/// (row, segment).
-#[allow(clippy::too_many_arguments)] // one chunk's coordinates and the scratch
+/// The candidate scalars: where the candidates lie, the seed's halves.
+fn pick_scalars<R: Runtime>(cand_off: usize, seed: u64) -> PickScalarsLaunch<R> {
+    PickScalarsLaunch::new(cand_off as u32, seed as u32, (seed >> 32) as u32)
+}
+
+/// What every chunk's candidate launch shares: the workspace with the chunk's logits at
+/// `logits_offset` and the candidates at `cand_off`, the seed, what to keep.
+struct ChunkPass<'a, R: Runtime> {
+    workspace: &'a TensorBinding<R>,
+    logits_offset: usize,
+    cand_off: usize,
+    seed: u64,
+    pick: PickCfg,
+}
+
+/// One candidate launch over a tensor-core chunk's logits (row stride `ld`): a cube of
+/// `SCAN_LANES` units per (row, segment), or per row for top-k.
 fn launch_chunk_candidates<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &LogpInputRefs<'_, R>,
     c: &Checked,
     [rs, rh, cs, ch]: [usize; 4],
-    workspace: &TensorBinding<R>,
-    scratch_offset: usize,
     ld: usize,
-    pick: PickCfg,
-    scalars: PickScalarsLaunch<R>,
+    pass: &ChunkPass<'_, R>,
 ) -> Result<(), KernelError> {
+    let ChunkPass {
+        workspace,
+        logits_offset: scratch_offset,
+        pick,
+        ..
+    } = *pass;
+    let scalars = pick_scalars(pass.cand_off, pass.seed);
     if pick.k > 1 {
         let (gx, _) = check_grid(client, "hidden", rh, 1)?;
         unsafe {
@@ -332,11 +346,11 @@ pub(crate) fn chunk_candidates_kernel<I: Int>(
 }
 
 /// The top-k of one row over a tensor-core chunk's logits, continuing the row's list from the
-/// earlier chunks (`col_start > 0`) in `ws`: one sorted list in shared memory; per step the 32 units
-/// each test one column against the list's last entry, and the first unit inserts the columns
-/// that pass. Entries enter only past the k-th best so far, about `k·ln(V/k)` of them per row
-/// whatever the chunking, and the kept set is the row's under the total order whatever the order
-/// of arrival.
+/// earlier chunks (`col_start > 0`) in `ws`. The list lives with the first unit; per step every
+/// unit tests `SCAN_BATCH` columns against the list's last entry (published in shared memory) and
+/// keeps those that pass, then the first unit offers them to the list. Entries enter only past the
+/// k-th best so far, about `k·ln(V/k)` of them per row whatever the chunking, and the kept set is
+/// the row's under the total order whatever the order of arrival.
 #[cube(launch_unchecked)]
 pub(crate) fn chunk_top_k_kernel(
     chunk: &LogitsChunk,
@@ -353,43 +367,34 @@ pub(crate) fn chunk_top_k_kernel(
     let zbase = chunk.offset as usize + local_row * chunk.ld as usize;
     let cs = sc.col_start as usize;
     let ch = sc.cols_here as usize;
-    let o = pk.cand_off as usize + row * kk * CANDIDATE;
 
-    let mut lk = SharedMemory::<f32>::new(kk);
-    let mut lz = SharedMemory::<f32>::new(kk);
-    let mut li = SharedMemory::<u32>::new(kk);
-    // Each step: every unit tests SCAN_BATCH columns against the list's last entry and keeps the
-    // ones that pass; then the first unit inserts them (a count per unit, no ordering needed).
+    let mut list = empty_candidates(kk);
+    let mut bar = SharedMemory::<f32>::new(1usize);
+    let mut bar_j = SharedMemory::<u32>::new(1usize);
     let mut cnt = SharedMemory::<u32>::new(SCAN_LANES);
     let mut ck = SharedMemory::<f32>::new(SCAN_LANES * SCAN_BATCH);
     let mut cj = SharedMemory::<u32>::new(SCAN_LANES * SCAN_BATCH);
-    let mut e = lane;
-    while e < kk {
-        if cs == 0 {
-            lk[e] = neg_inf();
-            lz[e] = neg_inf();
-            li[e] = NO_TOKEN;
-        } else {
-            lk[e] = ws[o + e * CANDIDATE];
-            lz[e] = ws[o + e * CANDIDATE + 1];
-            li[e] = u32::cast_from(ws[o + e * CANDIDATE + 2]);
+    if lane == 0 {
+        if cs > 0 {
+            load_candidates(ws, pk.cand_off, row, &mut list, k);
         }
-        e += SCAN_LANES;
+        bar[0usize] = list.key[last];
+        bar_j[0usize] = list.idx[last];
     }
     sync_cube();
     let steps = ch.div_ceil(SCAN_LANES * SCAN_BATCH);
     for t in 0..steps {
-        let (bar, bar_j) = (lk[last], li[last]);
+        let (b, bj) = (bar[0usize], bar_j[0usize]);
         let mut mine = 0usize;
         #[unroll]
-        for b in 0..SCAN_BATCH {
-            let col = (t * SCAN_BATCH + b) * SCAN_LANES + lane;
+        for i in 0..SCAN_BATCH {
+            let col = (t * SCAN_BATCH + i) * SCAN_LANES + lane;
             let mut z = neg_inf();
             if col < ch {
                 z = chunk.buf[zbase + col] * sc.inv_t;
             }
             let j = u32::cast_from(cs + col);
-            if beats(z, j, bar, bar_j) {
+            if beats(z, j, b, bj) {
                 ck[lane * SCAN_BATCH + mine] = z;
                 cj[lane * SCAN_BATCH + mine] = j;
                 mine += 1;
@@ -400,36 +405,17 @@ pub(crate) fn chunk_top_k_kernel(
         if lane == 0 {
             for q in 0..SCAN_LANES {
                 for c in 0..cnt[q] as usize {
-                    let (x, xj) = (ck[q * SCAN_BATCH + c], cj[q * SCAN_BATCH + c]);
-                    if beats(x, xj, lk[last], li[last]) {
-                        let mut p = usize::new(comptime![last as i64]);
-                        loop {
-                            if p == 0 {
-                                break;
-                            }
-                            if !beats(x, xj, lk[p - 1], li[p - 1]) {
-                                break;
-                            }
-                            lk[p] = lk[p - 1];
-                            lz[p] = lz[p - 1];
-                            li[p] = li[p - 1];
-                            p -= 1;
-                        }
-                        lk[p] = x;
-                        lz[p] = x;
-                        li[p] = xj;
-                    }
+                    let x = ck[q * SCAN_BATCH + c];
+                    offer(&mut list, x, x, cj[q * SCAN_BATCH + c], k);
                 }
             }
+            bar[0usize] = list.key[last];
+            bar_j[0usize] = list.idx[last];
         }
         sync_cube();
     }
-    let mut e = lane;
-    while e < kk {
-        ws[o + e * CANDIDATE] = lk[e];
-        ws[o + e * CANDIDATE + 1] = lz[e];
-        ws[o + e * CANDIDATE + 2] = f32::cast_from(li[e]);
-        e += SCAN_LANES;
+    if lane == 0 {
+        store_candidates(ws, pk.cand_off, row, &list, k);
     }
 }
 

@@ -121,6 +121,14 @@ pub(crate) struct LogpArgs {
     pub head: LogpHead,
 }
 
+impl LogpArgs {
+    /// `(N, D, V)`.
+    fn sizes(&self) -> (usize, usize, usize) {
+        let [n, d] = [0, 1].map(|i| self.hidden.meta.shape()[i]);
+        (n, d, self.weight.meta.shape()[0])
+    }
+}
+
 /// The persistent grid of a forward pass (`ib_logp_fwd_*`, `ib_logp_sample_*`) over `n` rows and
 /// `segments` vocabulary segments: one CTA cluster per work item, at most the SMs' worth.
 fn pass_grid(pass: Entry, n: usize, segments: usize, client: &ComputeClient<CudaRuntime>) -> usize {
@@ -141,6 +149,7 @@ fn joined(n: usize, columns: impl Iterator<Item = CudaTensor>) -> CudaTensor {
 /// `entropy` and `logp = z_token − lse` are [`linear_logp`]'s bits for `targets = tokens`.
 pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTensor {
     use burn::tensor::{IntDType, ops::IntTensorOps};
+    let (n, d, v) = args.sizes();
     let LogpArgs {
         hidden,
         weight,
@@ -149,11 +158,6 @@ pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTenso
         head,
         ..
     } = args;
-    let (n, d, v) = (
-        hidden.meta.shape()[0],
-        hidden.meta.shape()[1],
-        weight.meta.shape()[0],
-    );
     let (dtype, client) = (hidden.dtype, hidden.client.clone());
     let out = |len: usize| empty(&hidden, vec![len], DType::F32);
     let (logp, lse, token) = (out(n), out(n), out(n));
@@ -229,6 +233,7 @@ pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTenso
 
 /// Forward: `[N, C]` f32 `(logp, lse[, entropy])`.
 pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
+    let (n, d, v) = args.sizes();
     let LogpArgs {
         hidden,
         weight,
@@ -237,11 +242,6 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         ignore_index,
         head,
     } = args;
-    let (n, d, v) = (
-        hidden.meta.shape()[0],
-        hidden.meta.shape()[1],
-        weight.meta.shape()[0],
-    );
     let (dtype, client) = (hidden.dtype, hidden.client.clone());
     // The owning CTA writes z_t into logp; rows whose target matches no column keep NaN.
     let logp = CudaOps::float_full(
@@ -366,6 +366,7 @@ struct Backward {
 impl Backward {
     /// Splits the stats and upstream gradient into columns and allocates the bounded scratch.
     fn prepare(args: LogpArgs, stats: CudaTensor, grad: CudaTensor) -> Self {
+        let (n, d, v) = args.sizes();
         let LogpArgs {
             hidden,
             weight,
@@ -374,11 +375,6 @@ impl Backward {
             ignore_index,
             head,
         } = args;
-        let (n, d, v) = (
-            hidden.meta.shape()[0],
-            hidden.meta.shape()[1],
-            weight.meta.shape()[0],
-        );
         let dtype = hidden.dtype;
         let column = |t: &CudaTensor, c: usize| {
             let col = CudaOps::float_slice(t.clone(), &[(0..n).into(), (c..c + 1).into()]);
@@ -595,11 +591,7 @@ pub(crate) fn linear_logp_backward(
     stats: CudaTensor,
     grad: CudaTensor,
 ) -> LogpGradTensors {
-    let (n, d, v) = (
-        args.hidden.meta.shape()[0],
-        args.hidden.meta.shape()[1],
-        args.weight.meta.shape()[0],
-    );
+    let (n, d, v) = args.sizes();
     // D ≥ 1 here: the Sm90 kernels refuse D = 0 (`check_problem`), which runs elsewhere.
     if n == 0 {
         let dtype = args.hidden.dtype;

@@ -18,7 +18,7 @@ fn registered<T>() -> T {
 
 /// The arguments of a `linear_logp` primitive beside its tensors.
 #[derive(Debug, Clone, Copy)]
-struct Head {
+pub(crate) struct Head {
     bias: bool,
     ignore_index: Option<i64>,
     head: LogpHead,
@@ -26,7 +26,7 @@ struct Head {
 
 impl Head {
     /// The inner inputs from a custom op's tensors, and the floats after them.
-    fn inputs<B: Backend>(
+    pub(crate) fn inputs<B: Backend>(
         self,
         floats: Vec<FloatTensor<B>>,
         ints: Vec<IntTensor<B>>,
@@ -47,9 +47,9 @@ impl Head {
 }
 
 /// The custom op's floats and ints, and the arguments beside them.
-type Split<B> = (Vec<FloatTensor<Fusion<B>>>, Vec<IntTensor<Fusion<B>>>, Head);
+pub(crate) type Split<B> = (Vec<FloatTensor<Fusion<B>>>, Vec<IntTensor<Fusion<B>>>, Head);
 
-fn split<B: FusionBackend>(inputs: LinearLogpInputs<Fusion<B>>) -> Split<B> {
+pub(crate) fn split<B: FusionBackend>(inputs: LinearLogpInputs<Fusion<B>>) -> Split<B> {
     let head = Head {
         bias: inputs.bias.is_some(),
         ignore_index: inputs.ignore_index,

@@ -6,7 +6,7 @@ pub(crate) mod autodiff;
 #[cfg(feature = "cubecl")]
 pub(crate) mod cube;
 #[cfg(feature = "cubecl")]
-mod fusion;
+pub(crate) mod fusion;
 pub mod oracle;
 mod reference;
 

@@ -75,6 +75,18 @@ impl<B: Backend> LinearSampleInputs<B> {
         };
         (inputs, self.sampler)
     }
+
+    /// The inverse of [`Self::logits`].
+    pub(crate) fn of_logits(inputs: LinearLogpInputs<B>, sampler: Sampler) -> Self {
+        Self {
+            hidden: inputs.hidden,
+            weight: inputs.weight,
+            bias: inputs.bias,
+            keys: inputs.targets,
+            head: inputs.head,
+            sampler,
+        }
+    }
 }
 
 /// The `linear_sample` primitive of a backend. It receives validated inputs and the
