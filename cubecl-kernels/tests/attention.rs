@@ -960,9 +960,20 @@ fn rerun_is_bitwise_equal() {
 fn backward_padding_rows_change_nothing_on<R: Runtime>(client: &ComputeClient<R>) {
     // Non-causal, so appending queries does not change what the others see.
     let p = Problem::new(51, 2, 4, 2, 20, 90, 40, false, Dt::F32);
-    let g = grad_for(&p, 8);
-    let (_, base) = backward(client, &p, &g);
-    let extra = 5;
+    padding_changes_no_gradient(client, &p, 8, 5, "padded");
+}
+
+/// `p`'s gradients with `extra` queries appended to every head (NaN, zero upstream) equal those
+/// without them; the appended rows' `dq` are zeros.
+fn padding_changes_no_gradient<R: Runtime>(
+    client: &ComputeClient<R>,
+    p: &Problem,
+    seed: u64,
+    extra: usize,
+    what: &str,
+) {
+    let g = grad_for(p, seed);
+    let (_, base) = backward(client, p, &g);
     let mut big = p.clone();
     big.q = p.q + extra;
     let mut gb = Vec::new();
@@ -975,17 +986,18 @@ fn backward_padding_rows_change_nothing_on<R: Runtime>(client: &ComputeClient<R>
         gb.extend(std::iter::repeat_n(0.0f32, extra * p.d));
     }
     let (_, got) = backward(client, &big, &gb);
-    assert_bits("padded dk", &got.dk, &base.dk);
-    assert_bits("padded dv", &got.dv, &base.dv);
+    assert_bits(&format!("{what} dk"), &got.dk, &base.dk);
+    assert_bits(&format!("{what} dv"), &got.dv, &base.dv);
     assert_bits(
-        "padded dq rows",
+        &format!("{what} dq rows"),
         &query_slice(&got.dq, &big, 0, p.q, p.d),
         &base.dq,
     );
     assert!(
         query_slice(&got.dq, &big, p.q, big.q, p.d)
             .iter()
-            .all(|x| x.to_bits() == 0)
+            .all(|x| x.to_bits() == 0),
+        "{what}: the padding rows' dq"
     );
 }
 
@@ -1237,7 +1249,7 @@ fn tc_problem(seed: u64, d: usize, causal: bool, dt: Dt) -> Problem {
     p
 }
 
-/// Values (forward, and the FMA backward on the tensor-core forward's `out` / `lse`) against f64.
+/// Values (forward and backward) against f64.
 fn tc_values_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
     for &dt in dts {
         for d in [64, 128] {
@@ -1314,7 +1326,64 @@ fn tc_batch_invariance_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
     }
 }
 
-/// The tensor-core forward's checks; on a device without it they run the FMA forward.
+/// The backward where it runs on the tensor cores: a row alone = the row in a ragged batch
+/// (NaN past the lengths; keys past a row's length get exact zeros), appended padding queries
+/// (NaN, zero upstream) change no gradient, reruns equal; dq, dk, dv bitwise.
+fn tc_backward_invariance_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
+    for &dt in dts {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let p = tc_problem(54, d, causal, dt);
+                let g = grad_for(&p, 9);
+                let (_, grads) = backward(client, &p, &g);
+                let (_, again) = backward(client, &p, &g);
+                assert_eq!(grads, again, "tc backward rerun");
+                let (qd, kd) = (p.h * p.q * p.d, p.kh * p.kv * p.d);
+                for b in 0..p.b {
+                    let len = p.lens[b] as usize;
+                    let alone = select_rows(&p, &[b], len);
+                    let ga = batch_slice(&g, b, qd);
+                    let (_, gra) = backward(client, &alone, &ga);
+                    let what = format!("tc backward {dt:?} D={d} causal={causal} row {b}");
+                    assert_bits(
+                        &format!("{what} dq"),
+                        &gra.dq,
+                        &batch_slice(&grads.dq, b, qd),
+                    );
+                    let dk = batch_slice(&grads.dk, b, kd);
+                    let dv = batch_slice(&grads.dv, b, kd);
+                    for kh in 0..p.kh {
+                        let at = |j: usize| (kh * p.kv + j) * p.d;
+                        let un = |j: usize| (kh * len + j) * p.d;
+                        assert_bits(
+                            &format!("{what} dk"),
+                            &dk[at(0)..at(len)],
+                            &gra.dk[un(0)..un(len)],
+                        );
+                        assert_bits(
+                            &format!("{what} dv"),
+                            &dv[at(0)..at(len)],
+                            &gra.dv[un(0)..un(len)],
+                        );
+                        assert!(
+                            dk[at(len)..at(p.kv)]
+                                .iter()
+                                .chain(&dv[at(len)..at(p.kv)])
+                                .all(|x| x.to_bits() == 0),
+                            "{what}: keys past the length"
+                        );
+                    }
+                }
+            }
+            // Appended padding queries; non-causal so the others see the same keys.
+            let p = Problem::new(55, 2, 8, 2, 37, 90, d, false, dt);
+            padding_changes_no_gradient(client, &p, 10, 30, &format!("tc padded {dt:?} D={d}"));
+        }
+    }
+}
+
+/// The tensor-core forward's and backward's checks; on a device without them they run the FMA
+/// kernels.
 #[cfg(feature = "cuda")]
 #[test]
 fn attention_tc_cuda() {
@@ -1323,6 +1392,7 @@ fn attention_tc_cuda() {
         tc_values_on(client, &[Dt::F16, Dt::BF16]);
         tc_decode_equals_prefill_on(client);
         tc_batch_invariance_on(client, &[Dt::F16, Dt::BF16]);
+        tc_backward_invariance_on(client, &[Dt::F16, Dt::BF16]);
     });
 }
 

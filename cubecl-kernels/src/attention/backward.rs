@@ -4,12 +4,15 @@
 use super::forward::{query_rows, zero};
 use super::inputs::{Checked, Layouts, check_inputs, grad_inputs};
 use super::math::exp_p;
+use super::tc_backward::{TcGradInputsLaunch, attention_tc_dkv_kernel, attention_tc_dq_kernel};
+use super::tc_forward::{TC_WARPS, TcCfg, tc_backward_supported, tc_vector};
 use super::tile::{
     AttnCfg, AttnParams, DC, DKV_PAD, DKV_ROWS, DeltaInputs, DeltaInputsLaunch, GradInputs,
     KEY_BLOCK, KvGrads, KvGradsLaunch, RowSrc, S_PAD, SCALE_A, SCALE_B, SCALE_NONE, STAGE_LEN,
     THREADS, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows, key_rows, kv_base,
     kv_len_of, load_chunk, max_visible, visible,
 };
+use super::tile::{RowState, load_row_state, row_state};
 use super::{AttentionGradRefs, AttentionRefs, attention_backward_workspace_len};
 use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
@@ -74,11 +77,110 @@ pub fn attention_backward<R: Runtime>(
         lse: Some(&lv),
         ..c.layouts()
     };
+    let tc = tc_backward_supported(client, c.dt, d.head_dim);
     if rows > 0 {
         launch_delta(client, inputs, grads, &c, &layouts)?;
-        launch_dq(client, inputs, grads, &c, &layouts)?;
+        if tc {
+            launch_tc(client, inputs, grads, &c, &layouts, TcPass::Dq);
+        } else {
+            launch_dq(client, inputs, grads, &c, &layouts)?;
+        }
+    }
+    if tc {
+        launch_tc(client, inputs, grads, &c, &layouts, TcPass::Dkv);
+        return Ok(());
     }
     launch_dkv(client, inputs, grads, &c, &layouts)
+}
+
+/// The two kernels of the tensor-core backward.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TcPass {
+    Dq,
+    Dkv,
+}
+
+/// One kernel of the tensor-core backward ([`super::tc_backward`]): dQ per 64 query rows of a
+/// KV group, dK/dV per 64 keys; cubes of 4 warps.
+fn launch_tc<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    grads: &AttentionGradRefs<'_, R>,
+    c: &Checked,
+    layouts: &Layouts<'_>,
+    pass: TcPass,
+) {
+    let d = c.dims;
+    let cfg = TcCfg {
+        d: d.head_dim,
+        causal: c.causal,
+        emulate: false,
+        split: false,
+        // 16-byte loads where Q, K, V and dO allow them; only how bytes travel changes.
+        vec: tc_vector(
+            &[
+                (inputs.query, &c.q),
+                (inputs.key, &c.k),
+                (inputs.value, &c.v),
+                (grads.grad_out, layouts.go.expect("the backward's layouts")),
+            ],
+            c.dt.size(),
+        ),
+    };
+    let tiles = match pass {
+        TcPass::Dq => (d.group() * d.q_len).div_ceil(cfg.rows()),
+        TcPass::Dkv => d.kv_len.div_ceil(KEY_BLOCK),
+    };
+    let cubes = d.batch * d.kv_heads * tiles;
+    for (start, len) in launch_chunks(client, 0, cubes, 1) {
+        let (count, dim) = (
+            CubeCount::Static(len as u32, 1, 1),
+            CubeDim::new_2d(32, TC_WARPS as u32),
+        );
+        let (params, dtype) = (layouts.params(c, start), c.dt.storage());
+        unsafe {
+            match pass {
+                TcPass::Dq => attention_tc_dq_kernel::launch_unchecked::<R>(
+                    client,
+                    count,
+                    dim,
+                    cfg.vec,
+                    tc_grad_inputs(inputs, grads),
+                    raw_arg(grads.grad_query),
+                    params,
+                    cfg,
+                    dtype,
+                ),
+                TcPass::Dkv => attention_tc_dkv_kernel::launch_unchecked::<R>(
+                    client,
+                    count,
+                    dim,
+                    cfg.vec,
+                    tc_grad_inputs(inputs, grads),
+                    raw_arg(grads.grad_key),
+                    raw_arg(grads.grad_value),
+                    params,
+                    cfg,
+                    dtype,
+                ),
+            }
+        }
+    }
+}
+
+/// The tensor-core backward kernels' inputs.
+fn tc_grad_inputs<F: Float, N: Size, R: Runtime>(
+    inputs: &AttentionRefs<'_, R>,
+    grads: &AttentionGradRefs<'_, R>,
+) -> TcGradInputsLaunch<F, N, R> {
+    TcGradInputsLaunch::new(
+        raw_arg(inputs.query),
+        raw_arg(inputs.key),
+        raw_arg(inputs.value),
+        raw_arg(grads.grad_out),
+        raw_arg(grads.workspace),
+        raw_arg(inputs.kv_lens),
+    )
 }
 
 fn launch_delta<R: Runtime>(
@@ -209,51 +311,6 @@ pub(crate) fn attention_delta_kernel<F: Float>(
         ws[3 * row] = u32::reinterpret(delta);
         ws[3 * row + 1] = select(any, vis, 0u32);
         ws[3 * row + 2] = u32::reinterpret(l);
-    }
-}
-
-/// Query-row state of a tile in shared memory: visible keys (0: takes no part), `lse`, `δ`.
-#[derive(CubeType)]
-struct RowState {
-    vis: SharedMemory<u32>,
-    lse: SharedMemory<f32>,
-    del: SharedMemory<f32>,
-}
-
-#[cube]
-fn row_state(#[comptime] n: usize) -> RowState {
-    RowState {
-        vis: SharedMemory::<u32>::new(n),
-        lse: SharedMemory::<f32>::new(n),
-        del: SharedMemory::<f32>::new(n),
-    }
-}
-
-/// Rows `r0 .. r0 + n` (of `gq`) of the state, from the workspace.
-#[cube]
-fn load_row_state(
-    ws: &Tensor<u32>,
-    row_base: usize,
-    r0: usize,
-    gq: usize,
-    rows: &mut RowState,
-    #[comptime] n: usize,
-) {
-    let tid = UNIT_POS_Y as usize * UNITS + UNIT_POS_X as usize;
-    if tid < n {
-        let r = r0 + tid;
-        let mut vis = 0u32;
-        let mut l = 0.0f32;
-        let mut del = 0.0f32;
-        if r < gq {
-            let at = 3 * (row_base + r);
-            del = f32::reinterpret(ws[at]);
-            vis = ws[at + 1];
-            l = f32::reinterpret(ws[at + 2]);
-        }
-        rows.vis[tid] = vis;
-        rows.lse[tid] = l;
-        rows.del[tid] = del;
     }
 }
 

@@ -6,7 +6,7 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split,
+    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split, tc_vector,
 };
 use super::tile::{
     AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD,
@@ -94,6 +94,15 @@ fn launch_tc<R: Runtime>(
         causal: c.causal,
         emulate: c.cfg(client, 1).emulate,
         split: tc_split(group_rows, dims.head_dim),
+        // 16-byte loads where Q, K and V allow them; only how bytes travel changes.
+        vec: tc_vector(
+            &[
+                (inputs.query, &c.q),
+                (inputs.key, &c.k),
+                (inputs.value, &c.v),
+            ],
+            c.dt.size(),
+        ),
     };
     let tiles = group_rows.div_ceil(cfg.rows());
     let cubes = dims.batch * dims.kv_heads * tiles;
@@ -103,6 +112,7 @@ fn launch_tc<R: Runtime>(
                 client,
                 CubeCount::Static(len as u32, 1, 1),
                 CubeDim::new_2d(32, TC_WARPS as u32),
+                cfg.vec,
                 raw_arg(inputs.query),
                 raw_arg(inputs.key),
                 raw_arg(inputs.value),

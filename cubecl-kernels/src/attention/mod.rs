@@ -1,8 +1,9 @@
 //! Attention (docs/CONTRACT.md, *attention semantics*): forward and backward of softmax
-//! attention with GQA, `kv_lens` and causal masking, on the FMA path for every dtype, except the
-//! f16 / bf16 forward on CUDA for head sizes that are multiples of 16 up to 128, which runs on
-//! the tensor cores (`tc_forward`, [`attention_forward_uses_tensor_cores`]; not the Reference's
-//! bits, every invariance kept).
+//! attention with GQA, `kv_lens` and causal masking, on the FMA path for every dtype, except
+//! f16 / bf16 on CUDA for head sizes that are multiples of 16 up to 128, whose forward and
+//! backward run on the tensor cores (`tc_forward`, `tc_backward`,
+//! [`attention_forward_uses_tensor_cores`]; not the Reference's bits, every invariance kept; the
+//! backward's δ kernel is the FMA path's).
 //!
 //! On the FMA path every output element is the contract's exact sequence of f32 operations, so
 //! f32 results equal the Reference bitwise (f16 / bf16: the same f32 arithmetic on the upcast
@@ -24,6 +25,7 @@ mod backward;
 mod forward;
 mod inputs;
 pub mod math;
+mod tc_backward;
 mod tc_forward;
 mod tile;
 

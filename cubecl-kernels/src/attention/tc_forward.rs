@@ -5,6 +5,12 @@
 //! its warps split `o`'s columns instead (`split`): each computes the same scores and softmax
 //! (the same bits) and a quarter of `P·V`, whose 16×8 fragments are independent of each other.
 //!
+//! The pipeline: Q, K and V travel as 16-byte vectors where their layouts allow ([`tc_vector`]);
+//! a block's values are loaded into registers while its scores and softmax run, and the next
+//! block's keys while its `P·V` runs, so global loads overlap the MMAs (two barriers per block).
+//! The softmax takes the block max on the raw scores and `p = exp(fma(S, |scale|, −m'))` with the
+//! hardware exponential; the masking selects run only in blocks where a row of the warp stops.
+//!
 //! Why the bits stay batch-invariant (docs/CONTRACT.md, *attention semantics*): an MMA output
 //! row depends only on its own A row, so a row's scores, its softmax state and its `o` come from
 //! its own query, the keys and values of the pinned key blocks and the pinned 16-deep k order
@@ -14,10 +20,11 @@
 //! of a zero, which the epilogue canonicalizes). Keys no row of the cube can see (at or past the
 //! cube's last visible key, hence past `kv_lens`) are staged as zeros, never read.
 
-use super::math::{div_rn, exp_p, ln_p, neg_inf};
-use super::tile::{AttnParams, KEY_BLOCK, RowSrc, Strides4, kv_len_of, row_offset, visible};
-use crate::gemm::fma::fma_f32;
-use crate::util::FloatDType;
+use super::math::{div_rn, ln_p, neg_inf};
+use super::tile::{
+    AttnParams, KEY_BLOCK, RowSrc, Strides4, key_rows, kv_len_of, row_offset, visible,
+};
+use crate::util::{FloatDType, View};
 
 const _: () = assert!(TC_ROWS == KEY_BLOCK); // Q is staged in K's buffer
 use cubecl::prelude::*;
@@ -25,15 +32,17 @@ use cubecl::prelude::*;
 /// Warps per cube; each owns 16 query rows.
 pub(crate) const TC_WARPS: usize = 4;
 /// Lanes per warp.
-const LANES: usize = 32;
+pub(super) const LANES: usize = 32;
 /// Query rows per cube.
 pub(crate) const TC_ROWS: usize = 16 * TC_WARPS;
 /// Units per cube.
-const TC_THREADS: usize = LANES * TC_WARPS;
+pub(super) const TC_THREADS: usize = LANES * TC_WARPS;
 /// Padding (elements) of a staged row against bank conflicts; keeps rows 16-byte aligned.
 const PAD: usize = 8;
+/// Elements per global load where Q, K and V allow 16-byte vectors ([`tc_vector`]).
+const TC_VECTOR: usize = 8;
 /// 16×8 score fragments per key block.
-const S_FRAGS: usize = KEY_BLOCK / 8;
+pub(super) const S_FRAGS: usize = KEY_BLOCK / 8;
 /// Largest head size of the tensor-core path (its registers: Dh/16 A fragments of the query,
 /// Dh/8 accumulators of `o`).
 pub(crate) const TC_MAX_HEAD_DIM: usize = 128;
@@ -46,19 +55,25 @@ pub(crate) struct TcCfg {
     pub emulate: bool,
     /// 16 query rows per cube, the warps splitting `o`'s columns.
     pub split: bool,
+    /// Elements per global load and per staged shared-memory word (1 or [`TC_VECTOR`]).
+    pub vec: usize,
 }
 
 impl TcCfg {
     /// Row pitch (elements) of a staged Q, K or V tile.
-    fn pitch(&self) -> usize {
+    pub(super) fn pitch(&self) -> usize {
         self.d + PAD
+    }
+    /// Vectors of `vec` elements a unit moves to stage `n` rows.
+    pub(super) fn loads(&self, n: usize) -> usize {
+        n * self.d / self.vec / TC_THREADS
     }
     /// Query rows of a cube.
     pub(crate) fn rows(&self) -> usize {
         if self.split { 16 } else { TC_ROWS }
     }
     /// Columns of `o` a warp owns.
-    fn cols(&self) -> usize {
+    pub(super) fn cols(&self) -> usize {
         if self.split {
             self.d / TC_WARPS
         } else {
@@ -75,7 +90,7 @@ pub(crate) fn tc_split(group_rows: usize, head_dim: usize) -> bool {
 
 /// The first row (in the cube) of this warp's 16 and the first column of its share of `o`.
 #[cube]
-fn warp_origin(#[comptime] cfg: TcCfg) -> (usize, usize) {
+pub(super) fn warp_origin(#[comptime] cfg: TcCfg) -> (usize, usize) {
     let warp = UNIT_POS_Y as usize;
     if comptime![cfg.split] {
         (0usize, warp * comptime![cfg.cols()])
@@ -102,15 +117,46 @@ pub(crate) fn tc_forward_supported<R: Runtime>(
         && crate::gemm::manual_mma_supported(client, dtype.storage())
 }
 
+/// Whether the f16 / bf16 backward runs on the tensor cores ([`super::tc_backward`]): where the
+/// forward does and the dK/dV kernel's four staged tiles fit the device's shared memory.
+pub(crate) fn tc_backward_supported<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: FloatDType,
+    head_dim: usize,
+) -> bool {
+    let shared = 4 * KEY_BLOCK * (head_dim + PAD) * dtype.size() + 12 * TC_ROWS;
+    tc_forward_supported(client, dtype, head_dim)
+        && client.properties().hardware.max_shared_memory_size >= shared
+}
+
+/// The global load width (elements) of Q, K and V: [`TC_VECTOR`] where each has its last dim
+/// contiguous, its other strides (of dims past 1) and its buffer start 16-byte aligned (a staged
+/// row is then whole vectors: head sizes are multiples of 16), else 1. Only how bytes travel
+/// depends on it, never the arithmetic.
+pub(crate) fn tc_vector<R: Runtime>(
+    tensors: &[(&TensorBinding<R>, &View)],
+    elem_size: usize,
+) -> usize {
+    let w = TC_VECTOR;
+    let ok = tensors.iter().all(|(t, view)| {
+        let start = t.handle.offset_start.unwrap_or(0);
+        view.strides.len() == 4
+            && view.stride(3) == 1
+            && (0..3).all(|i| view.dim(i) <= 1 || view.stride(i).is_multiple_of(w))
+            && start.is_multiple_of((w * elem_size) as u64)
+    });
+    if ok { w } else { 1 }
+}
+
 /// Where a cube works: batch row `b`, KV head `kh`, the first of its 64 rows `r0` (rows of the
 /// KV head's group, `r = local_head·Q + i`), the group's rows `gq`, the row's valid keys `len`.
 #[derive(CubeType, Clone, Copy)]
-struct TcTile {
-    b: usize,
-    kh: usize,
-    r0: usize,
-    gq: usize,
-    len: i32,
+pub(super) struct TcTile {
+    pub b: usize,
+    pub kh: usize,
+    pub r0: usize,
+    pub gq: usize,
+    pub len: i32,
 }
 
 /// The running softmax state of one of a lane's two rows: max `m`, sum `l`, the last block's
@@ -123,9 +169,10 @@ struct Row {
     vis: u32,
 }
 
-/// The cube's tile of `p`'s grid.
+/// The cube's tile of `p`'s grid; within a (batch row, KV head) the last rows first (under a
+/// causal mask they walk the most blocks, so the grid's tail is short).
 #[cube]
-fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: TcCfg) -> TcTile {
+pub(super) fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: TcCfg) -> TcTile {
     let rows = comptime![cfg.rows()];
     let q_len = p.q_len as usize;
     let gq = p.group as usize * q_len;
@@ -136,53 +183,73 @@ fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: TcCfg) -> TcT
     TcTile {
         b,
         kh: bkh % p.kv_heads as usize,
-        r0: (cube % tiles) * rows,
+        r0: (tiles - 1 - cube % tiles) * rows,
         gq,
         len: kv_len_of(kv_lens, b * p.lens as usize, p.kv_len),
     }
 }
 
-/// Stage rows `src.first .. + n` (d columns) of `t` in `smem` (pitch `d + PAD`), zeros at or
-/// past `src.limit`: such rows are never read. Key rows (`keys`) skip `row_offset`'s divisions.
+/// This unit's share of rows `src.first .. + n` (d columns) of `t` as `N`-element vectors (with
+/// `N > 1` the host checked `s_d == 1` and every row start a multiple of `N`), zeros at or past
+/// `src.limit`: such rows are never read. Key rows (`keys`) skip `row_offset`'s divisions.
 #[cube]
-fn stage_rows<F: Float>(
-    t: &Tensor<F>,
+pub(super) fn load_rows<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
     src: &RowSrc,
-    smem: &mut SharedMemory<F>,
     #[comptime] n: usize,
     #[comptime] keys: bool,
     #[comptime] cfg: TcCfg,
-) {
+) -> Array<Vector<F, N>> {
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
-    let d = comptime![cfg.d];
-    let pitch = comptime![cfg.pitch()];
+    let w = comptime![cfg.vec];
+    let per_row = comptime![cfg.d / cfg.vec];
+    let mut regs = Array::<Vector<F, N>>::new(comptime![cfg.loads(n)]);
     #[unroll]
-    for e in 0..comptime![n * cfg.d / TC_THREADS] {
+    for e in 0..comptime![cfg.loads(n)] {
         let idx = tid + e * TC_THREADS;
-        let rr = idx / d;
-        let cc = idx % d;
-        let r = src.first + rr;
-        let mut val = F::new(0.0);
+        let r = src.first + idx / per_row;
+        let mut val = Vector::<F, N>::new(F::new(0.0));
         if r < src.limit {
             let at = if comptime![keys] {
                 src.base + r * src.s_inner
             } else {
                 row_offset(src, r)
             };
-            val = t[at + cc * src.s_d];
+            val = t[(at + (idx % per_row) * w * src.s_d) / w];
         }
-        smem[rr * pitch + cc] = val;
+        regs[e] = val;
+    }
+    regs
+}
+
+/// [`load_rows`]' vectors into `smem` (pitch `d + PAD`).
+#[cube]
+pub(super) fn store_rows<F: Float, N: Size>(
+    regs: &Array<Vector<F, N>>,
+    smem: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] n: usize,
+    #[comptime] cfg: TcCfg,
+) {
+    let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
+    let per_row = comptime![cfg.d / cfg.vec];
+    let pitch = comptime![cfg.pitch() / cfg.vec];
+    #[unroll]
+    for e in 0..comptime![cfg.loads(n)] {
+        let idx = tid + e * TC_THREADS;
+        smem[(idx / per_row) * pitch + idx % per_row] = regs[e];
     }
 }
 
-/// The visible keys of each row of the cube into `vis_s`, and the largest (every unit gets it).
+/// The visible keys of each row of the cube into `vis_s`; returns the largest over the cube
+/// (the blocks to walk) and the smallest over the warp's rows of the group (blocks before it
+/// need no mask for any of them).
 #[cube]
 fn row_visibility(
     tile: &TcTile,
     p: &AttnParams,
     vis_s: &mut SharedMemory<u32>,
     #[comptime] cfg: TcCfg,
-) -> u32 {
+) -> (u32, u32) {
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
     let rows = comptime![cfg.rows()];
     if tid < rows {
@@ -203,16 +270,27 @@ fn row_visibility(
     for rr in 0..rows {
         max_vis = max(max_vis, vis_s[rr]);
     }
-    max_vis
+    let (row0, _) = warp_origin(cfg);
+    // Every row's `vis` is at most `max_vis` (a warp without rows of the group then masks only
+    // its last block, which changes nothing).
+    let mut warp_vis = max_vis;
+    for rr in 0..16usize {
+        if tile.r0 + row0 + rr < tile.gq {
+            warp_vis = min(warp_vis, vis_s[row0 + rr]);
+        }
+    }
+    (max_vis, warp_vis)
 }
 
-/// The warp's 16 query rows as `Dh/16` A fragments (through `smem`, which is free again after).
+/// The warp's 16 query rows as `Dh/16` A fragments (through `smem`, which is free again after);
+/// for a negative scale those of `−q` (the same products, negated exactly), so the softmax runs
+/// on `|scale|`.
 #[cube]
-fn query_fragments<F: Float>(
-    q: &Tensor<F>,
+fn query_fragments<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
     tile: &TcTile,
     p: &AttnParams,
-    smem: &mut SharedMemory<F>,
+    smem: &mut SharedMemory<Vector<F, N>>,
     #[comptime] cfg: TcCfg,
 ) -> Sequence<Array<Vector<F, Const<2>>>> {
     let src = RowSrc {
@@ -224,49 +302,93 @@ fn query_fragments<F: Float>(
         s_inner: p.q.s as usize,
         s_d: p.q.d as usize,
     };
-    stage_rows::<F>(q, &src, smem, comptime![cfg.rows()], false, cfg);
+    let regs = load_rows::<F, N>(q, &src, comptime![cfg.rows()], false, cfg);
+    store_rows::<F, N>(&regs, smem, comptime![cfg.rows()], cfg);
     sync_cube();
-    let mma = cmma::MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
-    let pitch = comptime![cfg.pitch()];
-    let lane = UNIT_POS_X as usize;
-    let (quad, within) = (lane / 8, lane % 8);
-    let (r, _) = warp_origin(cfg);
-    let mut frags = Sequence::<Array<Vector<F, Const<2>>>>::new();
-    // ldmatrix x4: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
-    // (rows 8-15, k 8-15), as the GEMM's A operand with k contiguous.
-    #[unroll]
-    for kk in 0..comptime![cfg.d / 16] {
-        let e = (r + (quad % 2) * 8 + within) * pitch + kk * 16 + (quad / 2) * 8;
-        frags.push(mma.load_matrix::<F, Const<2>>(
-            &smem.slice(e, e + 8),
-            cmma::MatrixIdent::A,
-            4usize,
-            false,
-        ));
+    let mut frags = a_fragments::<F, N>(smem, cfg);
+    if p.scale < 0.0f32 {
+        #[unroll]
+        for kk in 0..comptime![cfg.d / 16] {
+            let a = frags.index_mut(kk);
+            #[unroll]
+            for i in 0..4usize {
+                a[i] = negated::<F>(a[i]);
+            }
+        }
     }
     sync_cube();
     frags
 }
 
+/// The warp's 16 staged rows of `smem` (from [`warp_origin`]'s row) as `Dh/16` MMA A fragments.
+#[cube]
+pub(super) fn a_fragments<F: Float, N: Size>(
+    smem: &SharedMemory<Vector<F, N>>,
+    #[comptime] cfg: TcCfg,
+) -> Sequence<Array<Vector<F, Const<2>>>> {
+    let mut frags = Sequence::<Array<Vector<F, Const<2>>>>::new();
+    #[unroll]
+    for kk in 0..comptime![cfg.d / 16] {
+        frags.push(a_fragment::<F, N>(smem, kk, cfg));
+    }
+    frags
+}
+
+/// Step `kk` (d `16·kk ..`) of [`a_fragments`]: `ldmatrix` x4 of the matrices (rows 0-7, k 0-7),
+/// (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15), as the GEMM's A operand with k
+/// contiguous.
+#[cube]
+pub(super) fn a_fragment<F: Float, N: Size>(
+    smem: &SharedMemory<Vector<F, N>>,
+    kk: usize,
+    #[comptime] cfg: TcCfg,
+) -> Array<Vector<F, Const<2>>> {
+    let mma = cmma::MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
+    let lane = UNIT_POS_X as usize;
+    let (quad, within) = (lane / 8, lane % 8);
+    let (r, _) = warp_origin(cfg);
+    let e = ((r + (quad % 2) * 8 + within) * comptime![cfg.pitch()] + kk * 16 + (quad / 2) * 8)
+        / comptime![cfg.vec];
+    mma.load_matrix::<Vector<F, N>, Const<2>>(
+        &smem.slice(e, e + comptime![8 / cfg.vec]),
+        cmma::MatrixIdent::A,
+        4usize,
+        false,
+    )
+}
+
+/// The lane's row `h` (`g + 8h` of its warp) as a row of the KV group.
+#[cube]
+pub(super) fn lane_group_row(tile: &TcTile, #[comptime] h: usize, #[comptime] cfg: TcCfg) -> usize {
+    let (row0, _) = warp_origin(cfg);
+    tile.r0 + row0 + UNIT_POS_X as usize / 4 + h * 8
+}
+
+/// Where row `r` of the KV group (`local_head·Q + i`) starts in a tensor with strides `st`.
+#[cube]
+pub(super) fn group_row_at(tile: &TcTile, st: &Strides4, p: &AttnParams, r: usize) -> usize {
+    let q_len = p.q_len as usize;
+    tile.b * st.b as usize
+        + (tile.kh * p.group as usize + r / q_len) * st.h as usize
+        + (r % q_len) * st.s as usize
+}
+
 /// Rows `j0 .. j0 + 64` of the key or value tensor with strides `st` (zeros at or past `limit`,
 /// the cube's last visible key).
 #[cube]
-fn key_src(tile: &TcTile, st: &Strides4, j0: usize, limit: usize) -> RowSrc {
-    RowSrc {
-        base: tile.b * st.b as usize + tile.kh * st.h as usize,
-        first: j0,
+pub(super) fn key_src(tile: &TcTile, st: &Strides4, j0: usize, limit: usize) -> RowSrc {
+    key_rows(
+        tile.b * st.b as usize + tile.kh * st.h as usize,
+        j0,
         limit,
-        inner: limit,
-        s_outer: 0usize,
-        s_inner: st.s as usize,
-        s_d: st.d as usize,
-    }
+        st,
+    )
 }
 
 /// `n` zeroed 16×8 f32 accumulators: per lane two pairs, rows `g` and `g + 8`, columns `2t`,
 /// `2t + 1` (lane = `4g + t`).
 #[cube]
-fn zero_frags(#[comptime] n: usize) -> Sequence<Array<Vector<f32, Const<2>>>> {
+pub(super) fn zero_frags(#[comptime] n: usize) -> Sequence<Array<Vector<f32, Const<2>>>> {
     let mut frags = Sequence::<Array<Vector<f32, Const<2>>>>::new();
     #[unroll]
     for _ in 0..n {
@@ -281,39 +403,52 @@ fn zero_frags(#[comptime] n: usize) -> Sequence<Array<Vector<f32, Const<2>>>> {
 /// `S = Q·Kᵀ` of the warp's 16 rows and the block's 64 keys (eight 16×8 fragments), 16-deep
 /// steps over Dh ascending.
 #[cube]
-fn scores<F: Float>(
-    k_s: &SharedMemory<F>,
+pub(super) fn scores<F: Float, N: Size>(
+    k_s: &SharedMemory<Vector<F, N>>,
     qa: &Sequence<Array<Vector<F, Const<2>>>>,
     #[comptime] cfg: TcCfg,
 ) -> Sequence<Array<Vector<f32, Const<2>>>> {
+    let mut s = zero_frags(S_FRAGS);
+    #[unroll]
+    for kk in 0..comptime![cfg.d / 16] {
+        score_step::<F, N>(k_s, qa.index(kk), kk, &mut s, cfg);
+    }
+    s
+}
+
+/// `s += a·Bᵀ` over d `16·kk ..` for the 64 staged rows of `b_s` (eight 16×8 fragments).
+#[cube]
+pub(super) fn score_step<F: Float, N: Size>(
+    b_s: &SharedMemory<Vector<F, N>>,
+    a: &Array<Vector<F, Const<2>>>,
+    kk: usize,
+    s: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    #[comptime] cfg: TcCfg,
+) {
     let mma = cmma::MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
     let pitch = comptime![cfg.pitch()];
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
-    let mut s = zero_frags(S_FRAGS);
+    let w = comptime![cfg.vec];
     #[unroll]
-    for kk in 0..comptime![cfg.d / 16] {
-        #[unroll]
-        for j in 0..comptime![S_FRAGS / 2] {
-            // B = Kᵀ staged with d contiguous (the GEMM's `b_nfast = false`): matrices
-            // (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15).
-            let e = (j * 16 + (quad / 2) * 8 + within) * pitch + kk * 16 + (quad % 2) * 8;
-            let quad_b = mma.load_matrix::<F, Const<2>>(
-                &k_s.slice(e, e + 8),
-                cmma::MatrixIdent::B,
-                4usize,
-                false,
-            );
-            mma_pair(&mma, qa.index(kk), &quad_b, &mut s, comptime![2 * j]);
-        }
+    for j in 0..comptime![S_FRAGS / 2] {
+        // B = Kᵀ staged with d contiguous (the GEMM's `b_nfast = false`): matrices
+        // (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15).
+        let e = ((j * 16 + (quad / 2) * 8 + within) * pitch + kk * 16 + (quad % 2) * 8) / w;
+        let quad_b = mma.load_matrix::<Vector<F, N>, Const<2>>(
+            &b_s.slice(e, e + comptime![8 / cfg.vec]),
+            cmma::MatrixIdent::B,
+            4usize,
+            false,
+        );
+        mma_pair(&mma, a, &quad_b, s, comptime![2 * j]);
     }
-    s
 }
 
 /// Fragments `at` and `at + 1` of `acc` += `a` times the two 16×8 B operands of an `ldmatrix`
 /// x4 (`b[0..2]`: columns 0-7, `b[2..4]`: columns 8-15).
 #[cube]
-fn mma_pair<F: Float>(
+pub(super) fn mma_pair<F: Float>(
     mma: &cmma::MmaDefinition<F, F, f32>,
     a: &Array<Vector<F, Const<2>>>,
     b: &Array<Vector<F, Const<2>>>,
@@ -342,45 +477,57 @@ fn quad_max(x: f32) -> f32 {
 /// Sum over the four lanes of a quad by a fixed xor tree (every lane gets the same bits:
 /// `(a + b) + (c + d)` up to commutation).
 #[cube]
-fn quad_sum(x: f32) -> f32 {
+pub(super) fn quad_sum(x: f32) -> f32 {
     let x = x + plane_shuffle_xor(x, 1u32);
     x + plane_shuffle_xor(x, 2u32)
 }
 
-/// One block's online softmax for the lane's row `h` (`g + 8h`): scores scaled in f32, −∞ (by
-/// a select) past the row's visible keys; `m' = max(m, block max)`, `α = exp_p(m − m')` (exactly
-/// 1 when the max does not grow: no NaN from `−∞ − −∞`), `p = exp_p(s − m')` or exactly 0 where
-/// masked, `l_b` by the lane's ascending adds then the quad's tree, `l = fma(l, α, l_b)`. The
-/// scores are replaced by `p`.
+/// `e^x` by the hardware exponential (`__expf`: `ex2.approx` of `x·log2 e`); 0 for −∞.
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub(super) fn fast_exp(x: f32) -> f32 {
+    f32::exp(x)
+}
+
+/// The largest raw score of the lane's row `h` (`g + 8h`) in the block, over the keys it sees
+/// where `masked` (a select, never an offset), −∞ for none.
 #[cube]
-fn softmax_row(
-    s: &mut Sequence<Array<Vector<f32, Const<2>>>>,
-    row: &mut Row,
+fn block_max(
+    s: &Sequence<Array<Vector<f32, Const<2>>>>,
+    vis: usize,
     j0: usize,
-    scale: f32,
     #[comptime] h: usize,
-    #[comptime] emulate: bool,
-) {
+    #[comptime] masked: bool,
+) -> f32 {
     let t = UNIT_POS_X as usize % 4;
-    let vis = row.vis as usize;
     let mut bm = neg_inf();
     #[unroll]
     for j in 0..S_FRAGS {
-        let frag = s.index_mut(j);
-        let mut pair = frag[h];
+        let pair = s.index(j)[h];
         #[unroll]
         for c in 0..2usize {
-            let key = j0 + j * 8 + 2 * t + c;
-            let x = select(key < vis, pair[c] * scale, neg_inf());
-            pair[c] = x;
+            let mut x = pair[c];
+            if comptime![masked] {
+                x = select(j0 + j * 8 + 2 * t + c < vis, x, neg_inf());
+            }
             bm = select(x > bm, x, bm);
         }
-        frag[h] = pair;
     }
-    let bm = quad_max(bm);
-    let grow = bm > row.m;
-    let mn = select(grow, bm, row.m);
-    row.alpha = select(grow, exp_p(row.m - bm, emulate), 1.0f32);
+    bm
+}
+
+/// The row's `p = exp(fma(S, a, −m'))` in place of its scores (exactly 0 for keys it does not
+/// see where `masked`), and their sum by the lane's ascending adds.
+#[cube]
+fn block_probabilities(
+    s: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    neg_m: f32,
+    a: f32,
+    vis: usize,
+    j0: usize,
+    #[comptime] h: usize,
+    #[comptime] masked: bool,
+) -> f32 {
+    let t = UNIT_POS_X as usize % 4;
     let mut lb = 0.0f32;
     #[unroll]
     for j in 0..S_FRAGS {
@@ -388,14 +535,49 @@ fn softmax_row(
         let mut pair = frag[h];
         #[unroll]
         for c in 0..2usize {
-            let key = j0 + j * 8 + 2 * t + c;
-            let pj = select(key < vis, exp_p(pair[c] - mn, emulate), 0.0f32);
+            let mut pj = fast_exp(fma(pair[c], a, neg_m));
+            if comptime![masked] {
+                pj = select(j0 + j * 8 + 2 * t + c < vis, pj, 0.0f32);
+            }
             pair[c] = pj;
             lb += pj;
         }
         frag[h] = pair;
     }
-    row.l = fma_f32(row.l, row.alpha, quad_sum(lb), emulate);
+    lb
+}
+
+/// One block's online softmax for the lane's row `h` (`g + 8h`), `a = |scale|` (the query's
+/// fragments carry the sign): `m' = max(m, a·(block max of S))`, `α = exp(m − m')` (exactly 1
+/// when the max does not grow: no NaN from `−∞ − −∞`), `p = exp(fma(S, a, −m'))` or exactly 0
+/// where masked, `l_b` by the lane's ascending adds then the quad's tree, `l = fma(l, α, l_b)`.
+/// Masked and unmasked blocks run the same operations on the keys a row sees (the same bits
+/// whichever a block takes). The scores are replaced by `p`.
+#[cube]
+fn softmax_row(
+    s: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    row: &mut Row,
+    j0: usize,
+    a: f32,
+    masked: bool,
+    #[comptime] h: usize,
+) {
+    let vis = row.vis as usize;
+    let bm = if masked {
+        block_max(s, vis, j0, h, true)
+    } else {
+        block_max(s, vis, j0, h, false)
+    };
+    let bm = quad_max(bm) * a;
+    let grow = bm > row.m;
+    let mn = select(grow, bm, row.m);
+    row.alpha = select(grow, fast_exp(row.m - bm), 1.0f32);
+    let lb = if masked {
+        block_probabilities(s, -mn, a, vis, j0, h, true)
+    } else {
+        block_probabilities(s, -mn, a, vis, j0, h, false)
+    };
+    row.l = fma(row.l, row.alpha, quad_sum(lb));
     row.m = mn;
 }
 
@@ -419,7 +601,7 @@ fn rescale(
 /// m16n8k16 A registers are (row g, k 2t..), (row g + 8, k 2t..), (row g, k 2t + 8..),
 /// (row g + 8, k 2t + 8..), i.e. the C pairs of score fragments `2kk` and `2kk + 1`.
 #[cube]
-fn probabilities<F: Float>(
+pub(super) fn probabilities<F: Float>(
     s: &Sequence<Array<Vector<f32, Const<2>>>>,
 ) -> Sequence<Array<Vector<F, Const<2>>>> {
     let mut pa = Sequence::<Array<Vector<F, Const<2>>>>::new();
@@ -437,9 +619,18 @@ fn probabilities<F: Float>(
     pa
 }
 
+/// `−x` of a pair, through f32 (exact; CUDA's bf16 pairs have no negation operator).
+#[cube]
+fn negated<F: Float>(x: Vector<F, Const<2>>) -> Vector<F, Const<2>> {
+    let mut y = Vector::<F, Const<2>>::empty();
+    y[0] = F::cast_from(-f32::cast_from(x[0]));
+    y[1] = F::cast_from(-f32::cast_from(x[1]));
+    y
+}
+
 /// An f32 pair rounded to `F`.
 #[cube]
-fn to_half<F: Float>(x: Vector<f32, Const<2>>) -> Vector<F, Const<2>> {
+pub(super) fn to_half<F: Float>(x: Vector<f32, Const<2>>) -> Vector<F, Const<2>> {
     let mut y = Vector::<F, Const<2>>::empty();
     y[0] = F::cast_from(x[0]);
     y[1] = F::cast_from(x[1]);
@@ -448,8 +639,8 @@ fn to_half<F: Float>(x: Vector<f32, Const<2>>) -> Vector<F, Const<2>> {
 
 /// `o += P·V`: keys in four 16-deep steps ascending, Dh in 16×8 fragments.
 #[cube]
-fn accumulate_pv<F: Float>(
-    v_s: &SharedMemory<F>,
+pub(super) fn accumulate_pv<F: Float, N: Size>(
+    v_s: &SharedMemory<Vector<F, N>>,
     pa: &Sequence<Array<Vector<F, Const<2>>>>,
     o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
     #[comptime] cfg: TcCfg,
@@ -459,6 +650,7 @@ fn accumulate_pv<F: Float>(
     let lane = UNIT_POS_X as usize;
     let (quad, within) = (lane / 8, lane % 8);
     let (_, col0) = warp_origin(cfg);
+    let w = comptime![cfg.vec];
     #[unroll]
     for kk in 0..comptime![KEY_BLOCK / 16] {
         #[unroll]
@@ -466,9 +658,10 @@ fn accumulate_pv<F: Float>(
             // B = V staged with d contiguous (the GEMM's `b_nfast = true`, transposed
             // ldmatrix): matrices (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15),
             // (keys 8-15, d 8-15).
-            let e = (kk * 16 + (quad % 2) * 8 + within) * pitch + col0 + j * 16 + (quad / 2) * 8;
-            let quad_b = mma.load_matrix::<F, Const<2>>(
-                &v_s.slice(e, e + 8),
+            let e =
+                ((kk * 16 + (quad % 2) * 8 + within) * pitch + col0 + j * 16 + (quad / 2) * 8) / w;
+            let quad_b = mma.load_matrix::<Vector<F, N>, Const<2>>(
+                &v_s.slice(e, e + comptime![8 / cfg.vec]),
                 cmma::MatrixIdent::B,
                 4usize,
                 true,
@@ -491,14 +684,11 @@ fn store_row<F: Float>(
     #[comptime] h: usize,
     #[comptime] cfg: TcCfg,
 ) {
-    let lane = UNIT_POS_X as usize;
-    let (g, t) = (lane / 4, lane % 4);
-    let (row0, col0) = warp_origin(cfg);
-    let r = tile.r0 + row0 + g + h * 8;
+    let t = UNIT_POS_X as usize % 4;
+    let (_, col0) = warp_origin(cfg);
+    let r = lane_group_row(tile, h, cfg);
     if r < tile.gq {
-        let q_len = p.q_len as usize;
-        let head = tile.kh * p.group as usize + r / q_len;
-        let base = tile.b * p.o.b as usize + head * p.o.h as usize + (r % q_len) * p.o.s as usize;
+        let base = group_row_at(tile, &p.o, p, r);
         let active = row.vis > 0u32;
         #[unroll]
         for j in 0..comptime![cfg.cols() / 8] {
@@ -529,10 +719,7 @@ fn store_lse(
     let r = tile.r0 + row0 + g + h * 8;
     // One lane per row: the quad's first, of the warp owning the first columns.
     if r < tile.gq && t == 0 && col0 == 0 {
-        let q_len = p.q_len as usize;
-        let head = tile.kh * p.group as usize + r / q_len;
-        let at =
-            tile.b * p.lse.b as usize + head * p.lse.h as usize + (r % q_len) * p.lse.s as usize;
+        let at = group_row_at(tile, &p.lse, p, r);
         let mut val = neg_inf();
         if row.vis > 0u32 {
             val = row.m + ln_p(row.l, comptime![cfg.emulate]);
@@ -544,10 +731,10 @@ fn store_lse(
 /// The tensor-core forward (see the module's documentation).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
-pub(crate) fn attention_tc_forward_kernel<F: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
+    q: &Tensor<Vector<F, N>>,
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
     kv_lens: &Tensor<i32>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
@@ -557,12 +744,14 @@ pub(crate) fn attention_tc_forward_kernel<F: Float>(
 ) {
     let tile = tc_tile(kv_lens, &p, cfg);
     // Q, then K, share one buffer: the query's fragments live in registers after the start.
-    let len = comptime![KEY_BLOCK * cfg.pitch()];
-    let mut k_s = SharedMemory::<F>::new_aligned(len, 16usize);
-    let mut v_s = SharedMemory::<F>::new_aligned(len, 16usize);
+    let len = comptime![KEY_BLOCK * cfg.pitch() / cfg.vec];
+    let mut k_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
+    let mut v_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
     let mut vis_s = SharedMemory::<u32>::new(TC_ROWS);
-    let max_vis = row_visibility(&tile, &p, &mut vis_s, cfg) as usize;
-    let qa = query_fragments::<F>(q, &tile, &p, &mut k_s, cfg);
+    let (max_vis, warp_vis) = row_visibility(&tile, &p, &mut vis_s, cfg);
+    let (max_vis, warp_vis) = (max_vis as usize, warp_vis as usize);
+    let qa = query_fragments::<F, N>(q, &tile, &p, &mut k_s, cfg);
+    let a = f32::abs(p.scale);
     let (row0, _) = warp_origin(cfg);
     let row = row0 + UNIT_POS_X as usize / 4;
     let mut r0 = Row {
@@ -579,20 +768,37 @@ pub(crate) fn attention_tc_forward_kernel<F: Float>(
     };
     let mut o = zero_frags(comptime![cfg.cols() / 8]);
     // Up to the last block any row of the cube sees; a block a row cannot see changes nothing
-    // of it.
-    for kb in 0..max_vis.div_ceil(KEY_BLOCK) {
+    // of it. Rows at or past `max_vis` load as zeros (the last block's "next keys" too).
+    let blocks = max_vis.div_ceil(KEY_BLOCK);
+    let keys = load_rows::<F, N>(k, &key_src(&tile, &p.k, 0, max_vis), KEY_BLOCK, true, cfg);
+    store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
+    sync_cube();
+    for kb in 0..blocks {
         let j0 = kb * KEY_BLOCK;
-        let ksrc = key_src(&tile, &p.k, j0, max_vis);
-        let vsrc = key_src(&tile, &p.v, j0, max_vis);
-        stage_rows::<F>(k, &ksrc, &mut k_s, KEY_BLOCK, true, cfg);
-        stage_rows::<F>(v, &vsrc, &mut v_s, KEY_BLOCK, true, cfg);
-        sync_cube();
-        let mut s = scores::<F>(&k_s, &qa, cfg);
-        softmax_row(&mut s, &mut r0, j0, p.scale, 0usize, comptime![cfg.emulate]);
-        softmax_row(&mut s, &mut r1, j0, p.scale, 1usize, comptime![cfg.emulate]);
-        rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
+        // This block's values in flight while its scores and softmax run.
+        let values = load_rows::<F, N>(v, &key_src(&tile, &p.v, j0, max_vis), KEY_BLOCK, true, cfg);
+        let mut s = scores::<F, N>(&k_s, &qa, cfg);
+        let masked = j0 + KEY_BLOCK > warp_vis;
+        softmax_row(&mut s, &mut r0, j0, a, masked, 0usize);
+        softmax_row(&mut s, &mut r1, j0, a, masked, 1usize);
+        // `o·1` is exact: skipped where no row of the warp grew its max.
+        if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
+            rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
+        }
         let pa = probabilities::<F>(&s);
-        accumulate_pv::<F>(&v_s, &pa, &mut o, cfg);
+        store_rows::<F, N>(&values, &mut v_s, KEY_BLOCK, cfg);
+        sync_cube();
+        // The next block's keys in flight while `P·V` runs (`k_s` is free past the barrier).
+        let next = j0 + KEY_BLOCK;
+        let keys = load_rows::<F, N>(
+            k,
+            &key_src(&tile, &p.k, next, max_vis),
+            KEY_BLOCK,
+            true,
+            cfg,
+        );
+        accumulate_pv::<F, N>(&v_s, &pa, &mut o, cfg);
+        store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
         sync_cube();
     }
     store_row::<F>(out, &o, &r0, &tile, &p, 0usize, cfg);

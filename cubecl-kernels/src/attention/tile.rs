@@ -230,6 +230,52 @@ pub(crate) fn key_rows(base: usize, first: usize, limit: usize, st: &Strides4) -
     }
 }
 
+/// Query-row state of a tile in shared memory: visible keys (0: takes no part), `lse`, `δ`.
+#[derive(CubeType)]
+pub(crate) struct RowState {
+    pub vis: SharedMemory<u32>,
+    pub lse: SharedMemory<f32>,
+    pub del: SharedMemory<f32>,
+}
+
+#[cube]
+pub(crate) fn row_state(#[comptime] n: usize) -> RowState {
+    RowState {
+        vis: SharedMemory::<u32>::new(n),
+        lse: SharedMemory::<f32>::new(n),
+        del: SharedMemory::<f32>::new(n),
+    }
+}
+
+/// Rows `r0 .. r0 + n` (of `gq`) of the state, from the workspace (the δ kernel's row `r` at
+/// `3·(row_base + r)`), by the cube's first `n` units.
+#[cube]
+pub(crate) fn load_row_state(
+    ws: &Tensor<u32>,
+    row_base: usize,
+    r0: usize,
+    gq: usize,
+    rows: &mut RowState,
+    #[comptime] n: usize,
+) {
+    let tid = UNIT_POS as usize;
+    if tid < n {
+        let r = r0 + tid;
+        let mut vis = 0u32;
+        let mut l = 0.0f32;
+        let mut del = 0.0f32;
+        if r < gq {
+            let at = 3 * (row_base + r);
+            del = f32::reinterpret(ws[at]);
+            vis = ws[at + 1];
+            l = f32::reinterpret(ws[at + 2]);
+        }
+        rows.vis[tid] = vis;
+        rows.lse[tid] = l;
+        rows.del[tid] = del;
+    }
+}
+
 /// The largest of the `n` rows' visible keys (after a `sync_cube` that published them).
 #[cube]
 pub(crate) fn max_visible(vis_s: &SharedMemory<u32>, #[comptime] n: usize) -> usize {

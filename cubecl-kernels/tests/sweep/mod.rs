@@ -590,7 +590,8 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     // Attention. FMA: attention_forward_kernel / attention_dq_kernel <F>{d, rows 1|2|4, causal,
     // emulate}, attention_delta_kernel <F>{d, rows 1, ..}, attention_dkv_kernel <F>{d, rows 4
     // (d ≤ 128) | 2, ..}. Tensor cores (f16 / bf16 forward, head sizes multiples of 16 up to 128
-    // where the client has manual MMA): attention_tc_forward_kernel <F>{d, causal, emulate, split}.
+    // where the client has manual MMA): attention_tc_forward_kernel <F, N>{d, causal, emulate,
+    // split, vec} (16-byte loads on dense tensors, scalar ones where a row stride is d + 4).
 
     fn attention(&mut self) {
         for dt in self.floats.clone() {
@@ -612,6 +613,8 @@ impl<'a, R: Runtime> Sweep<'a, R> {
                         self.attention_call(dt, d, ATTN_SHAPES[0], causal, false);
                     }
                 }
+                // Query rows d + 4 apart: scalar loads; a negative scale.
+                self.attention_call_padded(dt, d, ATTN_SHAPES[2], true, 4);
             }
         }
     }
@@ -621,12 +624,41 @@ impl<'a, R: Runtime> Sweep<'a, R> {
         &mut self,
         dt: FloatDType,
         d: usize,
-        [b, h, kh, q, kv]: [usize; 5],
+        shape: [usize; 5],
         causal: bool,
         backward: bool,
     ) {
+        self.attention_call_inner(dt, d, shape, causal, backward, 0);
+    }
+
+    /// Forward and backward with the query's rows `d + pad` apart and scale −0.125.
+    fn attention_call_padded(
+        &mut self,
+        dt: FloatDType,
+        d: usize,
+        shape: [usize; 5],
+        causal: bool,
+        pad: usize,
+    ) {
+        self.attention_call_inner(dt, d, shape, causal, true, pad);
+    }
+
+    fn attention_call_inner(
+        &mut self,
+        dt: FloatDType,
+        d: usize,
+        [b, h, kh, q, kv]: [usize; 5],
+        causal: bool,
+        backward: bool,
+        pad: usize,
+    ) {
         let es = dt.size();
-        let query = self.dense(&[b, h, q, d], es);
+        let query = if pad == 0 {
+            self.dense(&[b, h, q, d], es)
+        } else {
+            let row = d + pad;
+            self.view(&[b, h, q, d], &[h * q * row, q * row, row, 1], es)
+        };
         let key = self.dense(&[b, kh, kv, d], es);
         let value = self.dense(&[b, kh, kv, d], es);
         let kv_lens = self.dense(&[b], 4);
@@ -637,9 +669,14 @@ impl<'a, R: Runtime> Sweep<'a, R> {
             kv_lens: &kv_lens,
             dtype: dt,
             causal,
-            scale: 0.125,
+            scale: if pad == 0 { 0.125 } else { -0.125 },
         };
-        let what = || format!("{dt:?} d {d} shape {:?} causal {causal}", [b, h, kh, q, kv]);
+        let what = || {
+            format!(
+                "{dt:?} d {d} shape {:?} causal {causal} query pad {pad}",
+                [b, h, kh, q, kv]
+            )
+        };
         let out = self.dense(&[b, h, q, d], es);
         let lse = self.dense(&[b, h, q], 4);
         let r = attention_forward(self.client, &inputs, &out, &lse);
