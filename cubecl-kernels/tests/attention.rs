@@ -1329,6 +1329,7 @@ fn tc_batch_invariance_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
 /// The backward where it runs on the tensor cores: a row alone = the row in a ragged batch
 /// (NaN past the lengths; keys past a row's length get exact zeros), appended padding queries
 /// (NaN, zero upstream) change no gradient, reruns equal; dq, dk, dv bitwise.
+#[cfg(feature = "cuda")]
 fn tc_backward_invariance_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
     for &dt in dts {
         for d in [64, 128] {

@@ -8,11 +8,10 @@ use super::tc_backward::{TcGradInputsLaunch, attention_tc_dkv_kernel, attention_
 use super::tc_forward::{TC_WARPS, TcCfg, tc_backward_supported, tc_vector};
 use super::tile::{
     AttnCfg, AttnParams, DC, DKV_PAD, DKV_ROWS, DeltaInputs, DeltaInputsLaunch, GradInputs,
-    KEY_BLOCK, KvGrads, KvGradsLaunch, RowSrc, S_PAD, SCALE_A, SCALE_B, SCALE_NONE, STAGE_LEN,
-    THREADS, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows, key_rows, kv_base,
-    kv_len_of, load_chunk, max_visible, visible,
+    KEY_BLOCK, KvGrads, KvGradsLaunch, RowSrc, RowState, S_PAD, SCALE_A, SCALE_B, SCALE_NONE,
+    STAGE_LEN, Strides4, THREADS, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows,
+    key_rows, kv_base, kv_len_of, load_chunk, load_row_state, max_visible, row_state, visible,
 };
-use super::tile::{RowState, load_row_state, row_state};
 use super::{AttentionGradRefs, AttentionRefs, attention_backward_workspace_len};
 use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
@@ -92,6 +91,12 @@ pub fn attention_backward<R: Runtime>(
     }
     launch_dkv(client, inputs, grads, &c, &layouts)
 }
+
+/// Query rows of one δ cube.
+const DELTA_ROWS: usize = 64;
+/// Row pitch of the δ kernel's staged chunks (padded against bank conflicts).
+const DELTA_PAD: usize = DC + 1;
+const _: () = assert!((DELTA_ROWS * DC).is_multiple_of(THREADS) && DELTA_ROWS <= THREADS);
 
 /// The two kernels of the tensor-core backward.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -192,11 +197,11 @@ fn launch_delta<R: Runtime>(
 ) -> Result<(), KernelError> {
     let rows = c.dims.batch * c.dims.heads * c.dims.q_len;
     let cfg = c.cfg(client, 1);
-    for (start, len) in launch_chunks(client, 0, rows, THREADS) {
+    for (start, len) in launch_chunks(client, 0, rows, DELTA_ROWS) {
         unsafe {
             attention_delta_kernel::launch_unchecked::<R>(
                 client,
-                CubeCount::Static(len.div_ceil(THREADS) as u32, 1, 1),
+                CubeCount::Static(len.div_ceil(DELTA_ROWS) as u32, 1, 1),
                 CubeDim::new_1d(THREADS as u32),
                 DeltaInputsLaunch::new(
                     raw_arg(grads.out),
@@ -270,9 +275,20 @@ fn launch_dkv<R: Runtime>(
     Ok(())
 }
 
-/// One unit per query row (dense index `(b·H + h)·Q + i`): `ws[3·row] = bits(δ)`,
+/// Where dense query row `row` (`(b·H + h)·Q + i`) starts in a tensor with strides `st`.
+#[cube]
+fn dense_row_at(st: &Strides4, p: &AttnParams, row: usize) -> usize {
+    let q_len = p.q_len as usize;
+    let bh = row / q_len;
+    let heads = p.heads as usize;
+    (bh / heads) * st.b as usize + (bh % heads) * st.h as usize + (row % q_len) * st.s as usize
+}
+
+/// [`DELTA_ROWS`] query rows per cube (dense index `(b·H + h)·Q + i`): `ws[3·row] = bits(δ)`,
 /// `ws[3·row + 1]` = the row's visible keys where it takes part (position ≥ 0 and `dO` not all
-/// zero), else 0, `ws[3·row + 2] = bits(lse)`.
+/// zero), else 0, `ws[3·row + 2] = bits(lse)`. `out` and `dO` are staged by the whole cube in
+/// chunks of `DC` columns (loads along d), then the row's unit runs its fma chain over d
+/// ascending from shared memory.
 #[cube(launch_unchecked)]
 pub(crate) fn attention_delta_kernel<F: Float>(
     ins: &DeltaInputs<F>,
@@ -282,35 +298,51 @@ pub(crate) fn attention_delta_kernel<F: Float>(
     #[define(F)] _dtype: StorageType,
 ) {
     let d = comptime![cfg.d];
-    let q_len = p.q_len as usize;
-    let heads = p.heads as usize;
     let rows = (p.batch * p.heads * p.q_len) as usize;
-    let row = p.offset as usize + CUBE_POS_X as usize * THREADS + UNIT_POS_X as usize;
-    if row < rows {
-        let i = row % q_len;
-        let bh = row / q_len;
-        let h = bh % heads;
-        let b = bh / heads;
-        let len = kv_len_of(&ins.kv_lens, b * p.lens as usize, p.kv_len);
-        let vis = visible(len, p.q_len, i, comptime![cfg.causal]);
-        let obase = b * p.o.b as usize + h * p.o.h as usize + i * p.o.s as usize;
-        let gbase = b * p.go.b as usize + h * p.go.h as usize + i * p.go.s as usize;
-        let mut delta = 0.0f32;
-        let mut any = false;
-        for dd in 0..d {
-            let g = f32::cast_from(ins.grad_out[gbase + dd * p.go.d as usize]);
-            any = any || g != 0.0f32;
-            delta = fma_f32(
-                g,
-                f32::cast_from(ins.out[obase + dd * p.o.d as usize]),
-                delta,
-                comptime![cfg.emulate],
-            );
+    let first = p.offset as usize + CUBE_POS_X as usize * DELTA_ROWS;
+    let tid = UNIT_POS as usize;
+    let mut o_s = SharedMemory::<f32>::new(DELTA_ROWS * DELTA_PAD);
+    let mut g_s = SharedMemory::<f32>::new(DELTA_ROWS * DELTA_PAD);
+    let mut delta = 0.0f32;
+    let mut any = false;
+    for chunk in 0..comptime![cfg.chunks()] {
+        #[unroll]
+        for e in 0..comptime![DELTA_ROWS * DC / THREADS] {
+            let idx = tid + e * THREADS;
+            let (rr, cc) = (idx / DC, idx % DC);
+            let (row, col) = (first + rr, chunk * DC + cc);
+            let mut o = 0.0f32;
+            let mut g = 0.0f32;
+            if row < rows && col < d {
+                let at = dense_row_at(&p.o, &p, row) + col * p.o.d as usize;
+                o = f32::cast_from(ins.out[at]);
+                let at = dense_row_at(&p.go, &p, row) + col * p.go.d as usize;
+                g = f32::cast_from(ins.grad_out[at]);
+            }
+            o_s[rr * DELTA_PAD + cc] = o;
+            g_s[rr * DELTA_PAD + cc] = g;
         }
-        let l = ins.lse[b * p.lse.b as usize + h * p.lse.h as usize + i * p.lse.s as usize];
+        sync_cube();
+        if tid < DELTA_ROWS {
+            for cc in 0..DC {
+                if chunk * DC + cc < d {
+                    let g = g_s[tid * DELTA_PAD + cc];
+                    any = any || g != 0.0f32;
+                    delta = fma_f32(g, o_s[tid * DELTA_PAD + cc], delta, comptime![cfg.emulate]);
+                }
+            }
+        }
+        sync_cube();
+    }
+    let row = first + tid;
+    if tid < DELTA_ROWS && row < rows {
+        let q_len = p.q_len as usize;
+        let b = row / q_len / p.heads as usize;
+        let len = kv_len_of(&ins.kv_lens, b * p.lens as usize, p.kv_len);
+        let vis = visible(len, p.q_len, row % q_len, comptime![cfg.causal]);
         ws[3 * row] = u32::reinterpret(delta);
         ws[3 * row + 1] = select(any, vis, 0u32);
-        ws[3 * row + 2] = u32::reinterpret(l);
+        ws[3 * row + 2] = u32::reinterpret(ins.lse[dense_row_at(&p.lse, &p, row)]);
     }
 }
 
