@@ -29,8 +29,9 @@ const GRAD: usize = 17;
 const IMPL: usize = 18;
 const TEMPERATURE: usize = 19;
 const ENTROPY: usize = 20;
-const MSG_LEN: usize = 21;
-const MSG: usize = 22;
+const EXTRA: usize = 21;
+const MSG_LEN: usize = 22;
+const MSG: usize = 23;
 /// A failing rank's message travels in this many bytes (truncated on a char boundary).
 const MSG_BYTES: usize = 512;
 const WORDS: usize = MSG + MSG_BYTES / 8;
@@ -69,7 +70,7 @@ fn implementation_name(code: u64) -> &'static str {
 
 /// FNV-1a over the targets: ranks holding different targets are caught with overwhelming
 /// probability, at no extra host read.
-fn fnv1a(values: impl Iterator<Item = i64>) -> u64 {
+pub(crate) fn fnv1a(values: impl Iterator<Item = i64>) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     for value in values {
         for byte in value.to_le_bytes() {
@@ -90,6 +91,9 @@ pub(crate) struct RankInputs<'a, B: InvariantBackend> {
     pub options: &'a LinearLogpOptions,
     /// Whether this call computes the entropy (`tp::linear_logp_full` with it requested).
     pub entropy: bool,
+    /// A caller's own local check: its error fails this rank, its value (a hash of what every
+    /// rank must hold alike, e.g. `tp::linear_sample`'s keys and options) must agree.
+    pub extra: Option<&'a Result<u64, InvariantError>>,
 }
 
 /// This rank's checks, writing the table row; `Err` is this rank's own failure.
@@ -107,7 +111,13 @@ fn local<B: InvariantBackend>(
         shard,
         options,
         entropy,
+        extra,
     } = inputs;
+    match extra {
+        Some(Err(error)) => return Err(error.clone()),
+        Some(Ok(value)) => row[EXTRA] = *value,
+        None => {}
+    }
     let ([n, d], [v_local, _]) = (hidden.dims(), weight.dims());
     row[START] = shard.start as u64;
     row[END] = shard.end as u64;
@@ -251,7 +261,7 @@ fn check_membership(table: &[&[u64]]) -> Result<(), InvariantError> {
 type Render = Box<dyn Fn(&[u64]) -> String>;
 
 /// The fields every rank must agree on: what, the words that hold it, how to show it.
-fn agreed_fields() -> [(&'static str, &'static [usize], Render); 11] {
+fn agreed_fields() -> [(&'static str, &'static [usize], Render); 12] {
     let plain = |w: usize| move |row: &[u64]| row[w].to_string();
     let flag = |w: usize| move |row: &[u64]| (row[w] != 0).to_string();
     [
@@ -303,6 +313,11 @@ fn agreed_fields() -> [(&'static str, &'static [usize], Render); 11] {
             "the implementation (ranks must run the same one)",
             &[IMPL],
             Box::new(|row: &[u64]| implementation_name(row[IMPL]).to_string()),
+        ),
+        (
+            "the sampler's keys and options (a hash)",
+            &[EXTRA],
+            Box::new(|row: &[u64]| format!("{:#018x}", row[EXTRA])),
         ),
     ]
 }

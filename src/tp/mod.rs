@@ -80,6 +80,7 @@ mod check;
 mod collective;
 mod engine;
 mod plan;
+mod sample;
 mod trace;
 
 use burn::tensor::{Int, Tensor};
@@ -90,6 +91,7 @@ pub use collective::{Collective, DEFAULT_TIMEOUT, InProcessGroup, LONGEST_TIMEOU
 #[cfg(feature = "cuda")]
 pub use collective::{NCCL_DEFAULT_TIMEOUT, NcclGroup, NcclId};
 pub use plan::{Plan, SEGMENT_ALIGN, SEGMENTS, segment_bounds};
+pub use sample::linear_sample;
 
 use crate::backend::LinearLogpInputs;
 use crate::backends::generic::{float_primitive, float_tensor};
@@ -248,6 +250,7 @@ where
             shard,
             options,
             entropy,
+            extra: None,
         },
         group,
     )?;

@@ -189,17 +189,24 @@ pub fn sample_greedy_is_argmax<B: InvariantBackend>(device: &B::Device, dtype: D
     }
 }
 
+/// The distribution tests' row `h` (`D = 3`), head `w [v, 3]` and exact logits `z` (f64).
+pub fn one_row_head(v: usize) -> (Vec<f32>, Vec<f32>, Vec<f64>) {
+    let d = 3;
+    let h = vec![0.9f32, -0.4, 0.3];
+    let w: Vec<f32> = (0..v * d)
+        .map(|i| ((i * 37 % 23) as f32 / 11.0) - 1.0)
+        .collect();
+    let z = (0..v)
+        .map(|j| (0..d).map(|k| h[k] as f64 * w[j * d + k] as f64).sum())
+        .collect();
+    (h, w, z)
+}
+
 /// Draws of one row over many keys against the exact (tempered, truncated) softmax: a
 /// chi-square test with a fixed seed, for plain, tempered and top-k sampling.
 pub fn sample_distribution<B: InvariantBackend>(device: &B::Device) {
     let (d, v, draws) = (3usize, 7usize, 40_000usize);
-    let h = [0.9f32, -0.4, 0.3];
-    let w: Vec<f32> = (0..v * d)
-        .map(|i| ((i * 37 % 23) as f32 / 11.0) - 1.0)
-        .collect();
-    let z: Vec<f64> = (0..v)
-        .map(|j| (0..d).map(|k| h[k] as f64 * w[j * d + k] as f64).sum())
-        .collect();
+    let (h, w, z) = one_row_head(v);
     let hidden = float::<B, 2>(h.repeat(draws), [draws, d], device, DType::F32);
     let weight = float::<B, 2>(w, [v, d], device, DType::F32);
     let keys = ints::<B>((0..draws as i64).collect(), device);

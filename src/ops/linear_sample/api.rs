@@ -93,7 +93,7 @@ impl SampleOptions {
             .with_entropy(self.entropy)
     }
 
-    fn sampler(&self) -> Result<Sampler, InvariantError> {
+    pub(crate) fn sampler(&self) -> Result<Sampler, InvariantError> {
         let unsupported = |arg, what: &str| InvariantError::InvalidArgument {
             arg,
             reason: format!(

@@ -1,0 +1,241 @@
+//! Tensor-parallel [`crate::linear_sample`]: a two-level Gumbel-max draw over the vocabulary's
+//! leaves (the segments of [`super::segment_bounds`], or the pieces of a segment that shard
+//! boundaries cut), then the drawn tokens scored by [`super::linear_logp_full`].
+//!
+//! Each rank draws one candidate per row in each of its leaves with the single-rank sampler on
+//! that slice of its weight (noise from `(seed, key, column within the leaf)`), and the leaf's
+//! tempered `lse`. One host all-gather exchanges every leaf's `(lse, candidate)`; every rank then
+//! picks, per row, the leaf with the largest `lse_leaf + G(seed, key, V_global + leaf start)`
+//! (ties to the smaller start) and takes its candidate. This is an exact draw from the global
+//! tempered softmax: the leaf is drawn with probability `exp(lse_leaf − lse)` (Gumbel-max over
+//! the leaves' masses), the token within it by its own Gumbel-max, whose noise is independent of
+//! the leaf's (other hash inputs). With shards on segment boundaries the leaves are the 8
+//! segments for every world size, so the tokens, and the `logp`, `lse` and `entropy` that
+//! [`super::linear_logp_full`] gives them, are bitwise the same for worlds 1, 2, 4 and 8.
+use burn::tensor::{DType, Int, Tensor, TensorData};
+
+use super::check::{self, fnv1a};
+use super::{Collective, VocabShard};
+use crate::ops::linear_sample::noise::{gumbel, row_word};
+use crate::{
+    InvariantBackend, InvariantError, LinearLogpOptions, LinearSampleOutput, SampleOptions,
+};
+
+/// Tensor-parallel [`crate::linear_sample`]: one token per row of `hidden [N, D]` drawn from the
+/// tempered softmax over the global vocabulary, and its `logp`, `lse` (and `entropy` with
+/// `options.entropy`) bitwise those of [`super::linear_logp_full`] for the drawn tokens with
+/// [`SampleOptions::logp_options`]; the same on every rank. `weight [end − start, D]` and
+/// `bias` are this rank's shard; `hidden` and `keys [N]` are global (the same on every rank,
+/// checked by a hash with the seed and the temperature). Plain sampling at any temperature;
+/// `greedy` and `top_k` are refused ([`InvariantError::InvalidArgument`]): picking among the
+/// leaves' winners exactly needs their logits, which the leaf pass does not return. The outputs are
+/// not differentiable. Validation is collective (the same error on every rank), as for
+/// [`super::linear_logp`].
+pub fn linear_sample<B, G>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    keys: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    shard: &VocabShard,
+    group: &G,
+    options: &SampleOptions,
+) -> Result<LinearSampleOutput<B>, InvariantError>
+where
+    B: InvariantBackend,
+    G: Collective<B> + Clone + 'static,
+{
+    let hidden = hidden.detach();
+    let n = hidden.dims()[0];
+    let device = hidden.device();
+    let logp_options = options.logp_options();
+    let local = local_keys(&keys, n, options);
+    let extra = local.as_ref().map(|(_, hash)| *hash).map_err(Clone::clone);
+    let zeros = Tensor::<B, 1, Int>::zeros([n], &device);
+    let (plan, _) = check::collective(
+        &check::RankInputs {
+            hidden: &hidden,
+            weight: &weight,
+            targets: &zeros,
+            bias: bias.as_ref(),
+            shard,
+            options: &LinearLogpOptions {
+                skip_target_check: true,
+                ..logp_options.clone()
+            },
+            entropy: options.entropy,
+            extra: Some(&extra),
+        },
+        group,
+    )?;
+    let (keys_host, _) = local?;
+    if n == 0 {
+        return empty(&device, options.entropy);
+    }
+    let leaves: Vec<Vec<(usize, usize)>> = plan
+        .shards
+        .iter()
+        .map(|&(start, end)| leaves_of(&plan.bounds, start, end))
+        .collect();
+    let slots = leaves.iter().map(Vec::len).max().unwrap_or(0);
+    // This rank's host block: per leaf slot the bits of its lse [N] then its candidates [N]
+    // (global indices); slots past its leaves carry lse −∞.
+    let draw = SampleOptions {
+        entropy: false,
+        ..options.clone()
+    };
+    let mut block = Vec::with_capacity(2 * slots * n);
+    for &(start, end) in &leaves[plan.rank] {
+        let local_rows = start - shard.start..end - shard.start;
+        let out = crate::linear_sample(
+            hidden.clone(),
+            weight
+                .clone()
+                .detach()
+                .slice([local_rows.clone(), 0..hidden.dims()[1]]),
+            keys.clone(),
+            bias.clone().map(|b| b.detach().slice([local_rows])),
+            &draw,
+        )?;
+        block.extend(read_f32(out.lse)?.into_iter().map(|x| x.to_bits() as u64));
+        block.extend(
+            read_i64(out.tokens)?
+                .into_iter()
+                .map(|t| (t + start as i64) as u64),
+        );
+    }
+    for _ in leaves[plan.rank].len()..slots {
+        block.extend(std::iter::repeat_n(f32::NEG_INFINITY.to_bits() as u64, n));
+        block.extend(std::iter::repeat_n(u64::MAX, n));
+    }
+    let values = group.all_gather_host(&block)?;
+    let tokens = pick(&values, &leaves, slots, n, &keys_host, options.seed, shard);
+    let tokens = Tensor::<B, 1, Int>::from_data(TensorData::new(tokens, [n]), &device);
+    let scored = super::linear_logp_full(
+        hidden,
+        weight.detach(),
+        tokens.clone(),
+        bias.map(|b| b.detach()),
+        shard,
+        group,
+        &logp_options,
+    )?;
+    Ok(LinearSampleOutput {
+        tokens,
+        logp: scored.logp,
+        lse: scored.lse,
+        entropy: scored.entropy,
+    })
+}
+
+/// This rank's own checks of what the table does not cover: the rule, and `keys` (`[N]`),
+/// read once to the host; returns the keys and a hash of them with the seed and the rule.
+fn local_keys<B: InvariantBackend>(
+    keys: &Tensor<B, 1, Int>,
+    n: usize,
+    options: &SampleOptions,
+) -> Result<(Vec<i64>, u64), InvariantError> {
+    let refuse = |arg| InvariantError::InvalidArgument {
+        arg,
+        reason: "not supported under tensor parallelism: choosing among the leaves' winners \
+                 exactly needs their logits, which the leaf pass does not return (plain \
+                 sampling at any temperature is)"
+            .into(),
+    };
+    if options.greedy {
+        return Err(refuse("greedy"));
+    }
+    if options.top_k.is_some() {
+        return Err(refuse("top_k"));
+    }
+    // The single-rank checks of the options (top_p, min_p, temperature).
+    options.sampler()?;
+    options.logp_options().head(options.entropy)?;
+    if keys.dims() != [n] {
+        return Err(InvariantError::Shape {
+            arg: "keys",
+            expected: format!("[{n}] (one key per row of hidden)"),
+            got: keys.dims().to_vec(),
+        });
+    }
+    let data = keys
+        .clone()
+        .try_into_data()
+        .map_err(|e| InvariantError::Read {
+            arg: "keys",
+            reason: format!("{e:?}"),
+        })?;
+    let values: Vec<i64> = data.iter::<i64>().collect();
+    let header = [options.seed as i64, options.temperature.to_bits() as i64];
+    let hash = fnv1a(header.into_iter().chain(values.iter().copied()));
+    Ok((values, hash))
+}
+
+/// The leaves of the shard `[start, end)`: its parts of the segments, ascending.
+fn leaves_of(bounds: &[usize], start: usize, end: usize) -> Vec<(usize, usize)> {
+    bounds
+        .windows(2)
+        .map(|w| (w[0].max(start), w[1].min(end)))
+        .filter(|(a, b)| a < b)
+        .collect()
+}
+
+fn read_error(e: impl core::fmt::Debug) -> InvariantError {
+    InvariantError::Read {
+        arg: "a leaf's draw",
+        reason: format!("{e:?}"),
+    }
+}
+
+fn read_f32<B: InvariantBackend>(t: Tensor<B, 1>) -> Result<Vec<f32>, InvariantError> {
+    let data = t.try_into_data().map_err(read_error)?;
+    Ok(data.iter::<f32>().collect())
+}
+
+fn read_i64<B: InvariantBackend>(t: Tensor<B, 1, Int>) -> Result<Vec<i64>, InvariantError> {
+    let data = t.try_into_data().map_err(read_error)?;
+    Ok(data.iter::<i64>().collect())
+}
+
+/// Per row, the candidate of the leaf with the largest `lse + G(seed, key, V + start)` (ties to
+/// the smaller start; leaves come in rank order, each rank's ascending, so ascending starts).
+fn pick(
+    values: &[u64],
+    leaves: &[Vec<(usize, usize)>],
+    slots: usize,
+    n: usize,
+    keys: &[i64],
+    seed: u64,
+    shard: &VocabShard,
+) -> Vec<i64> {
+    let global = shard.global_vocab as u32;
+    (0..n)
+        .map(|i| {
+            let row = row_word(seed, keys[i]);
+            let mut best = (f32::NEG_INFINITY, -1i64);
+            for (rank, own) in leaves.iter().enumerate() {
+                for (slot, &(start, _)) in own.iter().enumerate() {
+                    let at = (rank * slots + slot) * 2 * n;
+                    let lse = f32::from_bits(values[at + i] as u32);
+                    let key = lse + gumbel(row, global + start as u32);
+                    if key > best.0 || best.1 < 0 {
+                        best = (key, values[at + n + i] as i64);
+                    }
+                }
+            }
+            best.1
+        })
+        .collect()
+}
+
+fn empty<B: InvariantBackend>(
+    device: &B::Device,
+    entropy: bool,
+) -> Result<LinearSampleOutput<B>, InvariantError> {
+    let empty = || Tensor::<B, 1>::empty([0], (device, DType::F32));
+    Ok(LinearSampleOutput {
+        tokens: Tensor::empty([0], device),
+        logp: empty(),
+        lse: empty(),
+        entropy: entropy.then(empty),
+    })
+}
