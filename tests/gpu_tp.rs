@@ -121,6 +121,76 @@ fn assert_close(what: &str, got: &[f32], expected: &[f32], atol: f32, rtol: f32)
     }
 }
 
+/// `tp::linear_sample` on NCCL, bf16: the tokens, logp, lse and entropy are bitwise the same on
+/// every rank and for world sizes 1, 2 and 4 (as far as GPUs are visible).
+#[test]
+#[serial]
+fn nccl_tp_sample_is_bitwise_invariant_across_world_sizes() {
+    let gpus = gpus();
+    if gpus == 0 {
+        return;
+    }
+    let p = Arc::new(problem([37, 136, 50021], DType::BF16, true, None, 15));
+    let options = burn_invariant::SampleOptions::default()
+        .with_seed(99)
+        .with_temperature(0.8)
+        .with_entropy(true);
+    let draw = |world: usize| {
+        let (p, options) = (p.clone(), options.clone());
+        let id = NcclId::new().expect("NCCL id");
+        on_ranks(world, move |rank| {
+            let device = CudaDevice::new(rank);
+            let group = NcclGroup::new(&device, rank, world, &id).expect("NCCL group");
+            let shard = VocabShard::split(rank, world, p.v);
+            let out = tp::linear_sample(
+                float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
+                float::<B, 2>(
+                    p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
+                    [shard.len(), p.d],
+                    &device,
+                    p.dtype,
+                ),
+                ints::<B>((0..p.n as i64).map(|i| 5 * i + 1).collect(), &device),
+                p.bias.as_ref().map(|b| {
+                    float::<B, 1>(b[shard.range()].to_vec(), [shard.len()], &device, p.dtype)
+                }),
+                &shard,
+                &group,
+                &options,
+            )
+            .expect("tp::linear_sample");
+            let host = |t: burn::tensor::Tensor<B, 1>| -> Vec<f32> {
+                t.into_data().convert::<f32>().iter::<f32>().collect()
+            };
+            let tokens: Vec<i64> = out.tokens.into_data().iter::<i64>().collect();
+            let entropy = out.entropy.map(host).unwrap_or_default();
+            (tokens, host(out.logp), host(out.lse), entropy)
+        })
+    };
+    let one = draw(1);
+    for world in [2, 4].into_iter().filter(|&w| w <= gpus) {
+        for (rank, out) in draw(world).iter().enumerate() {
+            let what = format!("world {world} rank {rank}");
+            assert_eq!(out.0, one[0].0, "{what}: tokens");
+            assert_bits_eq(
+                &format!("{what}: logp"),
+                &bits_of(&out.1),
+                &bits_of(&one[0].1),
+            );
+            assert_bits_eq(
+                &format!("{what}: lse"),
+                &bits_of(&out.2),
+                &bits_of(&one[0].2),
+            );
+            assert_bits_eq(
+                &format!("{what}: entropy"),
+                &bits_of(&out.3),
+                &bits_of(&one[0].3),
+            );
+        }
+    }
+}
+
 /// logp, lse, entropy, dHidden (and the concatenated dWeight/dBias) are bitwise the same for
 /// world sizes 1, 2 and 4, on every rank, with ragged shards (V a multiple of neither); the RL
 /// head at temperatures 0.7 and 1.3 with entropy, the last with groups that defer failures.
