@@ -55,7 +55,14 @@ type Raw = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, half::bf16, i32, 
 type User = burn::backend::Autodiff<burn_fusion::Fusion<Raw>>;
 
 /// Prefill: batch, query heads, KV heads, head size.
-const PREFILL: (usize, usize, usize, usize) = (8, 32, 8, 128);
+/// B, H, KH and Dh of the prefill cases; Dh from `ATTN_PREFILL_HEAD_DIM` (default 128).
+fn prefill_dims() -> (usize, usize, usize, usize) {
+    let d = std::env::var("ATTN_PREFILL_HEAD_DIM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    (8, 32, 8, d)
+}
 const PREFILL_SEQS: [usize; 2] = [2048, 4096];
 /// Decode: batch, query heads, KV heads, keys, head size (one query per row).
 const DECODE: (usize, usize, usize, usize, usize) = (64, 32, 8, 4096, 128);
@@ -205,7 +212,7 @@ fn attn_flops(rows_heads: usize, pairs: f64, d: usize) -> f64 {
 }
 
 fn prefill_shape(s: usize) -> String {
-    let (b, h, kh, d) = PREFILL;
+    let (b, h, kh, d) = prefill_dims();
     format!("dtype=bf16 b={b} h={h} kh={kh} q={s} kv={s} d={d}")
 }
 
@@ -226,7 +233,7 @@ fn decode_bytes(visible_keys: usize) -> f64 {
 /// backward under `User`, and forward + backward through the primitives on the raw backend.
 #[cfg(feature = "cuda")]
 fn prefill_cases(device: &cubecl::cuda::CudaDevice) {
-    let (b, h, kh, d) = PREFILL;
+    let (b, h, kh, d) = prefill_dims();
     let opts = AttentionOptions::default();
     for s in PREFILL_SEQS {
         fresh_pool(device);
@@ -660,7 +667,7 @@ fn fresh_pool(device: &cubecl::cuda::CudaDevice) {
 /// after its timing.
 #[cfg(feature = "cuda")]
 fn burn_cases(device: &cubecl::cuda::CudaDevice) {
-    let (b, h, kh, d) = PREFILL;
+    let (b, h, kh, d) = prefill_dims();
     let group = h / kh;
     for s in PREFILL_SEQS.into_iter().rev() {
         let shape = prefill_shape(s);
@@ -851,7 +858,7 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
     let client = cubecl::cuda::CudaRuntime::client(device);
     let usage = || client.memory_usage().expect("memory usage");
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let (b, h, kh, d) = PREFILL;
+    let (b, h, kh, d) = prefill_dims();
     for s in PREFILL_SEQS {
         for burn in [false, true] {
             let imp = if burn { "BurnUser" } else { "InvariantUser" };

@@ -15,14 +15,16 @@ lines that benches/attention_compare.py joins with the Rust log.
   `impl=TorchRmsNorm` (torch.nn.functional.rms_norm where present), GB/s of the ideal bytes as in the Rust report.
 
 Timing: the first call decides (over 10 s: a SKIP line), then at least 200 ms of warm-up, then the median over
-3-7 repetitions of a batch of calls timed with CUDA events. `sdpa_reference.py [prefill|decode|long|rms[,...]]`."""
+3-7 repetitions of a batch of calls timed with CUDA events. `sdpa_reference.py [prefill|decode|long|rms[,...]]`;
+`ATTN_PREFILL_HEAD_DIM` sets the prefill head size (default 128), as for the Rust report."""
+import os
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-PREFILL = (8, 32, 8, 128)  # B, H, KH, Dh
+PREFILL = (8, 32, 8, int(os.environ.get("ATTN_PREFILL_HEAD_DIM", "128")))  # B, H, KH, Dh
 PREFILL_SEQS = (2048, 4096)
 DECODE = (64, 32, 8, 4096, 128)  # B, H, KH, KV, Dh
 RMS = (16384, 4096)
