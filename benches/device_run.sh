@@ -19,17 +19,19 @@
 # with BURN_INVARIANT_IMPL=cubecl); `attnsanitize`: compute-sanitizer on the attention and rms_norm tests of
 # cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl. `sm90attn`, `sm90sanitize`:
 # the raw SM90 attention through kernels/tools/sm90_harness.py (no Rust binary), and compute-sanitizer on it.
+# `attncubecl`: the CubeCl attention (BURN_INVARIANT_IMPL=cubecl): the kernel crate's attention tests (.gpu/katt),
+# prefill (Dh 128 and 64) and decode beside SDPA, and ncu's per-kernel times of the prefill.
 # `wholemodel`: the whole-model timing (.gpu/whole_model, benches/whole_model.rs): ours (registry default, then
 # BURN_INVARIANT_IMPL=cubecl), Burn's own ops, the f32 check (NdArray) and PyTorch (benches/whole_model.py, which also
 # compares its f32 log-probs with the check's); table in $OUT/whole_model.md; its parts `wmours` (check, ours twice)
 # and `wmref` (Burn's ops, PyTorch), one device call each. Sizes from WM_* (default: 4 layers of
 # d_model 4096, 32/8 heads, d_ff 14336, V 128256; decode 64 x 2048, train 8 x 2048).
 set -uo pipefail
-(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp gpu_vk gpu_report_vk limits gpu_tp attention_report transformer_rollout whole_model; do [[ -e $b ]] && chmod +x "$b"; done)
+(cd .gpu && for f in *.xz; do [[ -e $f ]] && xz -d -f "$f"; done; for b in gpu gpu_report lm_head call_overhead kgemm klogp katt gpu_vk gpu_report_vk limits gpu_tp attention_report transformer_rollout whole_model; do [[ -e $b ]] && chmod +x "$b"; done)
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn, sm90sanitize, sample, samplesanitize
+MODE=${1:-all}  # all, or a comma-separated list of: tests, attncubecl, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn, sm90sanitize, sample, samplesanitize
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -111,6 +113,16 @@ if has attn || has attnref; then
   step sdpa_long 120 python3 benches/sdpa_reference.py long
   step attn_burn 100 .gpu/attention_report burn; grep -h "^SKIP" "$OUT/attn_burn.log"
   attn_table
+fi
+if has attncubecl; then
+  step katt 300 .gpu/katt attention_cuda attention_tc_cuda --test-threads=1
+  BURN_INVARIANT_IMPL=cubecl step attn_prefill_cubecl 180 .gpu/attention_report prefill
+  BURN_INVARIANT_IMPL=cubecl step attn_decode_cubecl 45 .gpu/attention_report decode
+  step sdpa 120 python3 benches/sdpa_reference.py prefill,decode
+  ATTN_PREFILL_HEAD_DIM=64 BURN_INVARIANT_IMPL=cubecl step attn_prefill64_cubecl 180 .gpu/attention_report prefill
+  ATTN_PREFILL_HEAD_DIM=64 step sdpa64 100 python3 benches/sdpa_reference.py prefill
+  grep -h "^RESULT" "$OUT"/attn_prefill_cubecl.log "$OUT"/attn_decode_cubecl.log "$OUT"/sdpa.log "$OUT"/attn_prefill64_cubecl.log "$OUT"/sdpa64.log
+  BURN_INVARIANT_IMPL=cubecl step ncu_attn 150 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:attention -c 70 .gpu/attention_report prefill
 fi
 if has attn || has attnmore; then
   step attn_memory 60 .gpu/attention_report memory; grep -h "^MEMORY\|^SKIP" "$OUT/attn_memory.log"
