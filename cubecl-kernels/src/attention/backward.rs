@@ -131,6 +131,8 @@ fn launch_tc<R: Runtime>(
             ],
             c.dt.size(),
         ),
+        // Inactive rows must stage as zeros (padding is NaN).
+        clamped: false,
     };
     let tiles = match pass {
         TcPass::Dq => (d.group() * d.q_len).div_ceil(cfg.rows()),

@@ -6,7 +6,8 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split, tc_vector,
+    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_clamped_loads, tc_forward_supported, tc_split,
+    tc_vector,
 };
 use super::tile::{
     AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD,
@@ -33,6 +34,20 @@ pub fn attention_forward<R: Runtime>(
     out: &TensorBinding<R>,
     lse: &TensorBinding<R>,
 ) -> Result<(), KernelError> {
+    attention_forward_clamped(client, inputs, out, lse, tc_clamped_loads())
+}
+
+/// [`attention_forward`] with the tensor-core forward's experimental clamped loads on or off
+/// (`tc_forward.rs`, `TcCfg::clamped`; `attention_forward` takes
+/// `BURN_INVARIANT_ATTN_CLAMPED_LOADS=1`), for the codegen sweep.
+#[doc(hidden)]
+pub fn attention_forward_clamped<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    out: &TensorBinding<R>,
+    lse: &TensorBinding<R>,
+    clamped: bool,
+) -> Result<(), KernelError> {
     let c = check_inputs(client, inputs)?;
     let dims = c.dims;
     let ov = check_out_view("out", out, 4, c.dt.size())?;
@@ -53,7 +68,7 @@ pub fn attention_forward<R: Runtime>(
         ..c.layouts()
     };
     if tc_forward_supported(client, c.dt, dims.head_dim) {
-        launch_tc(client, inputs, &c, out, lse, &layouts);
+        launch_tc(client, inputs, &c, out, lse, &layouts, clamped);
         return Ok(());
     }
     let cfg = c.cfg(client, query_rows(&c));
@@ -85,6 +100,7 @@ fn launch_tc<R: Runtime>(
     out: &TensorBinding<R>,
     lse: &TensorBinding<R>,
     layouts: &Layouts<'_>,
+    clamped: bool,
 ) {
     let dims = c.dims;
     let group_rows = dims.group() * dims.q_len;
@@ -103,6 +119,7 @@ fn launch_tc<R: Runtime>(
             ],
             c.dt.size(),
         ),
+        clamped,
     };
     let tiles = group_rows.div_ceil(cfg.rows());
     let cubes = dims.batch * dims.kv_heads * tiles;

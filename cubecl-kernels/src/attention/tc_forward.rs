@@ -57,6 +57,10 @@ pub(crate) struct TcCfg {
     pub split: bool,
     /// Elements per global load and per staged shared-memory word (1 or [`TC_VECTOR`]).
     pub vec: usize,
+    /// Experimental, off by default ([`tc_clamped_loads`]): rows at or past a staging limit
+    /// load a copy of the last row before it (always valid, whole 128-bit moves) instead of
+    /// zeros, and the maxima use `max` rather than a compare and select.
+    pub clamped: bool,
 }
 
 impl TcCfg {
@@ -129,6 +133,14 @@ pub(crate) fn tc_backward_supported<R: Runtime>(
         && client.properties().hardware.max_shared_memory_size >= shared
 }
 
+/// Whether the forward takes [`TcCfg::clamped`]: `BURN_INVARIANT_ATTN_CLAMPED_LOADS=1`, an
+/// experiment not yet run on a device (it moves fewer instructions per block; masked keys then
+/// hold a copy of the cube's last visible key, inside the contract's caveat on non-finite keys,
+/// and `p = 0` keeps every bit but the sign of a zero `o`, which the epilogue writes as +0).
+pub(crate) fn tc_clamped_loads() -> bool {
+    std::env::var_os("BURN_INVARIANT_ATTN_CLAMPED_LOADS").is_some_and(|v| v == "1")
+}
+
 /// The global load width (elements) of Q, K and V: [`TC_VECTOR`] where each has its last dim
 /// contiguous, its other strides (of dims past 1) and its buffer start 16-byte aligned (a staged
 /// row is then whole vectors: head sizes are multiples of 16), else 1. Only how bytes travel
@@ -191,7 +203,7 @@ pub(super) fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: Tc
 
 /// This unit's share of rows `src.first .. + n` (d columns) of `t` as `N`-element vectors (with
 /// `N > 1` the host checked `s_d == 1` and every row start a multiple of `N`), zeros at or past
-/// `src.limit`: such rows are never read. Key rows (`keys`) skip `row_offset`'s divisions.
+/// `src.limit` (with `cfg.clamped`: copies of row `limit − 1`): such rows are never read.
 #[cube]
 pub(super) fn load_rows<F: Float, N: Size>(
     t: &Tensor<Vector<F, N>>,
@@ -208,18 +220,43 @@ pub(super) fn load_rows<F: Float, N: Size>(
     for e in 0..comptime![cfg.loads(n)] {
         let idx = tid + e * TC_THREADS;
         let r = src.first + idx / per_row;
-        let mut val = Vector::<F, N>::new(F::new(0.0));
-        if r < src.limit {
-            let at = if comptime![keys] {
-                src.base + r * src.s_inner
-            } else {
-                row_offset(src, r)
-            };
-            val = t[(at + (idx % per_row) * w * src.s_d) / w];
+        if comptime![cfg.clamped] {
+            // The caller guarantees `limit ≥ 1`.
+            let at = row_at(src, min(r, src.limit - 1), keys);
+            regs[e] = t[(at + (idx % per_row) * w * src.s_d) / w];
+        } else {
+            let mut val = Vector::<F, N>::new(F::new(0.0));
+            if r < src.limit {
+                val = t[(row_at(src, r, keys) + (idx % per_row) * w * src.s_d) / w];
+            }
+            regs[e] = val;
         }
-        regs[e] = val;
     }
     regs
+}
+
+/// Where row `r` of `src` starts; key rows (`keys`) skip `row_offset`'s divisions.
+#[cube]
+fn row_at(src: &RowSrc, r: usize, #[comptime] keys: bool) -> usize {
+    if comptime![keys] {
+        src.base + r * src.s_inner
+    } else {
+        row_offset(src, r)
+    }
+}
+
+/// Block 0's keys into `k_s`.
+#[cube]
+fn stage_keys<F: Float, N: Size>(
+    k: &Tensor<Vector<F, N>>,
+    tile: &TcTile,
+    p: &AttnParams,
+    max_vis: usize,
+    k_s: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] cfg: TcCfg,
+) {
+    let keys = load_rows::<F, N>(k, &key_src(tile, &p.k, 0, max_vis), KEY_BLOCK, true, cfg);
+    store_rows::<F, N>(&keys, k_s, KEY_BLOCK, cfg);
 }
 
 /// [`load_rows`]' vectors into `smem` (pitch `d + PAD`).
@@ -467,11 +504,19 @@ pub(super) fn mma_pair<F: Float>(
 
 /// `max` of the four lanes of a quad (one row's lanes), the same value in each.
 #[cube]
-fn quad_max(x: f32) -> f32 {
-    let y = plane_shuffle_xor(x, 1u32);
-    let x = select(y > x, y, x);
-    let y = plane_shuffle_xor(x, 2u32);
-    select(y > x, y, x)
+fn quad_max(x: f32, #[comptime] clamped: bool) -> f32 {
+    let x = larger(x, plane_shuffle_xor(x, 1u32), clamped);
+    larger(x, plane_shuffle_xor(x, 2u32), clamped)
+}
+
+/// The larger of `x` and `y` (`x` when `y` is NaN): a compare and select, or `max`.
+#[cube]
+fn larger(x: f32, y: f32, #[comptime] clamped: bool) -> f32 {
+    if comptime![clamped] {
+        max(x, y)
+    } else {
+        select(y > x, y, x)
+    }
 }
 
 /// Sum over the four lanes of a quad by a fixed xor tree (every lane gets the same bits:
@@ -497,6 +542,7 @@ fn block_max(
     j0: usize,
     #[comptime] h: usize,
     #[comptime] masked: bool,
+    #[comptime] clamped: bool,
 ) -> f32 {
     let t = UNIT_POS_X as usize % 4;
     let mut bm = neg_inf();
@@ -509,7 +555,7 @@ fn block_max(
             if comptime![masked] {
                 x = select(j0 + j * 8 + 2 * t + c < vis, x, neg_inf());
             }
-            bm = select(x > bm, x, bm);
+            bm = larger(bm, x, clamped);
         }
     }
     bm
@@ -561,14 +607,15 @@ fn softmax_row(
     a: f32,
     masked: bool,
     #[comptime] h: usize,
+    #[comptime] clamped: bool,
 ) {
     let vis = row.vis as usize;
     let bm = if masked {
-        block_max(s, vis, j0, h, true)
+        block_max(s, vis, j0, h, true, clamped)
     } else {
-        block_max(s, vis, j0, h, false)
+        block_max(s, vis, j0, h, false, clamped)
     };
-    let bm = quad_max(bm) * a;
+    let bm = quad_max(bm, clamped) * a;
     let grow = bm > row.m;
     let mn = select(grow, bm, row.m);
     row.alpha = select(grow, fast_exp(row.m - bm), 1.0f32);
@@ -770,8 +817,14 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     // Up to the last block any row of the cube sees; a block a row cannot see changes nothing
     // of it. Rows at or past `max_vis` load as zeros (the last block's "next keys" too).
     let blocks = max_vis.div_ceil(KEY_BLOCK);
-    let keys = load_rows::<F, N>(k, &key_src(&tile, &p.k, 0, max_vis), KEY_BLOCK, true, cfg);
-    store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
+    // Block 0's keys; clamped loads need a row to copy (with no block `k_s` is never read).
+    if comptime![cfg.clamped] {
+        if blocks > 0 {
+            stage_keys::<F, N>(k, &tile, &p, max_vis, &mut k_s, cfg);
+        }
+    } else {
+        stage_keys::<F, N>(k, &tile, &p, max_vis, &mut k_s, cfg);
+    }
     sync_cube();
     for kb in 0..blocks {
         let j0 = kb * KEY_BLOCK;
@@ -779,8 +832,24 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
         let values = load_rows::<F, N>(v, &key_src(&tile, &p.v, j0, max_vis), KEY_BLOCK, true, cfg);
         let mut s = scores::<F, N>(&k_s, &qa, cfg);
         let masked = j0 + KEY_BLOCK > warp_vis;
-        softmax_row(&mut s, &mut r0, j0, a, masked, 0usize);
-        softmax_row(&mut s, &mut r1, j0, a, masked, 1usize);
+        softmax_row(
+            &mut s,
+            &mut r0,
+            j0,
+            a,
+            masked,
+            0usize,
+            comptime![cfg.clamped],
+        );
+        softmax_row(
+            &mut s,
+            &mut r1,
+            j0,
+            a,
+            masked,
+            1usize,
+            comptime![cfg.clamped],
+        );
         // `o·1` is exact: skipped where no row of the warp grew its max.
         if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
             rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
