@@ -44,7 +44,8 @@ where
     B: InvariantBackend,
     G: Collective<B> + Clone + 'static,
 {
-    let hidden = hidden.detach();
+    let (hidden, weight) = (hidden.detach(), weight.detach());
+    let bias = bias.map(|b| b.detach());
     let n = hidden.dims()[0];
     let device = hidden.device();
     let logp_options = options.logp_options();
@@ -77,44 +78,20 @@ where
         .map(|&(start, end)| leaves_of(&plan.bounds, start, end))
         .collect();
     let slots = leaves.iter().map(Vec::len).max().unwrap_or(0);
-    // This rank's host block: per leaf slot the bits of its lse [N] then its candidates [N]
-    // (global indices); slots past its leaves carry lse −∞.
     let draw = SampleOptions {
         entropy: false,
         ..options.clone()
     };
-    let mut block = Vec::with_capacity(2 * slots * n);
-    for &(start, end) in &leaves[plan.rank] {
-        let local_rows = start - shard.start..end - shard.start;
-        let out = crate::linear_sample(
-            hidden.clone(),
-            weight
-                .clone()
-                .detach()
-                .slice([local_rows.clone(), 0..hidden.dims()[1]]),
-            keys.clone(),
-            bias.clone().map(|b| b.detach().slice([local_rows])),
-            &draw,
-        )?;
-        block.extend(read_f32(out.lse)?.into_iter().map(|x| x.to_bits() as u64));
-        block.extend(
-            read_i64(out.tokens)?
-                .into_iter()
-                .map(|t| (t + start as i64) as u64),
-        );
-    }
-    for _ in leaves[plan.rank].len()..slots {
-        block.extend(std::iter::repeat_n(f32::NEG_INFINITY.to_bits() as u64, n));
-        block.extend(std::iter::repeat_n(u64::MAX, n));
-    }
+    let inputs = (&hidden, &weight, &keys, bias.as_ref());
+    let block = leaf_block(inputs, &leaves[plan.rank], slots, shard, &draw)?;
     let values = group.all_gather_host(&block)?;
     let tokens = pick(&values, &leaves, slots, n, &keys_host, options.seed, shard);
     let tokens = Tensor::<B, 1, Int>::from_data(TensorData::new(tokens, [n]), &device);
     let scored = super::linear_logp_full(
         hidden,
-        weight.detach(),
+        weight,
         tokens.clone(),
-        bias.map(|b| b.detach()),
+        bias,
         shard,
         group,
         &logp_options,
@@ -126,6 +103,53 @@ where
         entropy: scored.entropy,
     })
 }
+
+/// This rank's host block: per leaf slot the bits of its lse `[N]` then its candidates `[N]`
+/// (global indices); slots past its leaves carry lse −∞.
+fn leaf_block<B: InvariantBackend>(
+    (hidden, weight, keys, bias): LeafInputs<'_, B>,
+    own: &[(usize, usize)],
+    slots: usize,
+    shard: &VocabShard,
+    draw: &SampleOptions,
+) -> Result<Vec<u64>, InvariantError> {
+    let [n, d] = hidden.dims();
+    let (mut lses, mut candidates) = (Vec::new(), Vec::new());
+    for &(start, end) in own {
+        let local_rows = start - shard.start..end - shard.start;
+        let out = crate::linear_sample(
+            hidden.clone(),
+            weight.clone().slice([local_rows.clone(), 0..d]),
+            keys.clone(),
+            bias.cloned().map(|b| b.slice([local_rows])),
+            draw,
+        )?;
+        lses.push(out.lse);
+        candidates.push(out.tokens);
+    }
+    // One host read of each for all the leaves (every shard holds one at least: validated).
+    let lses = read_f32(Tensor::cat(lses, 0))?;
+    let candidates = read_i64(Tensor::cat(candidates, 0))?;
+    let mut block = Vec::with_capacity(2 * slots * n);
+    for (leaf, &(start, _)) in own.iter().enumerate() {
+        let rows = leaf * n..(leaf + 1) * n;
+        block.extend(lses[rows.clone()].iter().map(|x| x.to_bits() as u64));
+        block.extend(candidates[rows].iter().map(|&t| (t + start as i64) as u64));
+    }
+    for _ in own.len()..slots {
+        block.extend(std::iter::repeat_n(f32::NEG_INFINITY.to_bits() as u64, n));
+        block.extend(std::iter::repeat_n(u64::MAX, n));
+    }
+    Ok(block)
+}
+
+/// `hidden`, this rank's weight shard, `keys` and its bias shard.
+type LeafInputs<'a, B> = (
+    &'a Tensor<B, 2>,
+    &'a Tensor<B, 2>,
+    &'a Tensor<B, 1, Int>,
+    Option<&'a Tensor<B, 1>>,
+);
 
 /// This rank's own checks of what the table does not cover: the rule, and `keys` (`[N]`),
 /// read once to the host; returns the keys and a hash of them with the seed and the rule.

@@ -20,12 +20,12 @@
 
 use super::tc_forward::{
     LANES, S_FRAGS, TC_ROWS, TC_THREADS, TcCfg, TcTile, a_fragment, a_fragments, accumulate_pv,
-    fast_exp, group_row_at, key_src, lane_group_row, load_rows, probabilities, score_step, scores,
-    store_rows, tc_tile, warp_origin, zero_frags,
+    fast_exp, group_row_at, group_src, key_src, lane_group_row, load_rows, probabilities,
+    score_step, scores, store_rows, tc_tile, warp_min_visible, warp_origin, zero_frags,
 };
 use super::tile::{
-    AttnParams, KEY_BLOCK, RowSrc, RowState, Strides4, key_rows, kv_len_of, load_row_state,
-    max_visible, row_state,
+    AttnParams, KEY_BLOCK, KvGrads, RowState, key_rows, kv_len_of, load_row_state, max_visible,
+    row_state,
 };
 use cubecl::prelude::*;
 
@@ -192,14 +192,7 @@ pub(crate) fn attention_tc_dq_kernel<F: Float, N: Size>(
     let mut rows = row_state(TC_ROWS);
     let group_base = (tile.b * p.heads as usize + tile.kh * p.group as usize) * p.q_len as usize;
     let max_vis = block_row_state(&ins.ws, group_base, tile.r0, tile.gq, &mut rows);
-    // The smallest `vis` of the warp's rows of the group: blocks before it need no mask.
-    let (row0, _) = warp_origin(cfg);
-    let mut warp_vis = max_vis;
-    for rr in 0..16usize {
-        if tile.r0 + row0 + rr < tile.gq {
-            warp_vis = min(warp_vis, rows.vis[row0 + rr] as usize);
-        }
-    }
+    let warp_vis = warp_min_visible(&rows.vis, &tile, max_vis as u32, cfg) as usize;
     // Q (through K's buffer) into registers, dO into its own buffer; rows that take no part
     // as zeros.
     let qsrc = group_src(&tile, &p.q, &p);
@@ -269,20 +262,6 @@ pub(crate) fn attention_tc_dq_kernel<F: Float, N: Size>(
     store_dq::<F>(grad_query, &dq, row_b.vis, &tile, &p, 1usize, cfg);
 }
 
-/// The cube's 64 rows of the KV group (`r = local_head·Q + i`) in a tensor with strides `st`.
-#[cube]
-fn group_src(tile: &TcTile, st: &Strides4, p: &AttnParams) -> RowSrc {
-    RowSrc {
-        base: tile.b * st.b as usize + tile.kh * p.group as usize * st.h as usize,
-        first: tile.r0,
-        limit: tile.gq,
-        inner: p.q_len as usize,
-        s_outer: st.h as usize,
-        s_inner: st.s as usize,
-        s_d: st.d as usize,
-    }
-}
-
 /// The dK/dV kernel's `Pᵀ` and `dSᵀ` for the lane's key row `h` (`g + 8h`, key `key`) over the
 /// block's 64 queries (columns), in place of `Sᵀ` and `dPᵀ`: `p = exp(fma(S, scale, −lse_q))`,
 /// `dS = p·(dP − δ_q)`, both exactly 0 where the query does not see the key (or takes no part).
@@ -316,24 +295,20 @@ fn key_row_grads(
     }
 }
 
-/// Key row `h` of the lane: `dk = dK·scale` and `dv = dV`, rounded once.
+/// Key row `h` of the lane (the cube's keys start at `tile.r0`): `dk = dK·scale` and `dv = dV`,
+/// rounded once.
 #[cube]
-#[allow(clippy::too_many_arguments)] // #[cube] helpers take each tensor separately
 fn store_dkv<F: Float>(
-    grad_key: &mut Tensor<F>,
-    grad_value: &mut Tensor<F>,
+    outs: &mut KvGrads<F>,
     dk: &Sequence<Array<Vector<f32, Const<2>>>>,
     dv: &Sequence<Array<Vector<f32, Const<2>>>>,
     tile: &TcTile,
-    k0: usize,
     p: &AttnParams,
     #[comptime] h: usize,
     #[comptime] cfg: TcCfg,
 ) {
-    let lane = UNIT_POS_X as usize;
-    let (g, t) = (lane / 4, lane % 4);
-    let (row0, _) = warp_origin(cfg);
-    let key = k0 + row0 + g + h * 8;
+    let t = UNIT_POS_X as usize % 4;
+    let key = lane_group_row(tile, h, cfg);
     if key < p.kv_len as usize {
         let kbase = tile.b * p.gk.b as usize + tile.kh * p.gk.h as usize + key * p.gk.s as usize;
         let vbase = tile.b * p.gv.b as usize + tile.kh * p.gv.h as usize + key * p.gv.s as usize;
@@ -344,8 +319,8 @@ fn store_dkv<F: Float>(
             #[unroll]
             for c in 0..2usize {
                 let col = j * 8 + 2 * t + c;
-                grad_key[kbase + col * p.gk.d as usize] = F::cast_from(kp[c] * p.scale);
-                grad_value[vbase + col * p.gv.d as usize] = F::cast_from(vp[c]);
+                outs.grad_key[kbase + col * p.gk.d as usize] = F::cast_from(kp[c] * p.scale);
+                outs.grad_value[vbase + col * p.gv.d as usize] = F::cast_from(vp[c]);
             }
         }
     }
@@ -353,11 +328,9 @@ fn store_dkv<F: Float>(
 
 /// dK/dV (see the module's documentation).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
 pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
     ins: &TcGradInputs<F, N>,
-    grad_key: &mut Tensor<F>,
-    grad_value: &mut Tensor<F>,
+    outs: &mut KvGrads<F>,
     p: AttnParams,
     #[comptime] cfg: TcCfg,
     #[define(F)] _dtype: StorageType,
@@ -369,10 +342,11 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
     let kh = bkh % p.kv_heads as usize;
     let k0 = (cube % key_tiles) * KEY_BLOCK;
     let len = kv_len_of(&ins.kv_lens, b * p.lens as usize, p.kv_len) as usize;
+    // The tile's rows are the cube's keys.
     let tile = TcTile {
         b,
         kh,
-        r0: 0usize,
+        r0: k0,
         gq: 0usize,
         len: 0i32,
     };
@@ -386,8 +360,7 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
     let values = load_rows::<F, N>(&ins.v, &key_src(&tile, &p.v, k0, len), KEY_BLOCK, true, cfg);
     store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
     store_rows::<F, N>(&values, &mut v_s, KEY_BLOCK, cfg);
-    let (row0, _) = warp_origin(cfg);
-    let key_a = k0 + row0 + UNIT_POS_X as usize / 4;
+    let key_a = lane_group_row(&tile, 0usize, cfg);
     let mut dk = zero_frags(comptime![cfg.d / 8]);
     let mut dv = zero_frags(comptime![cfg.d / 8]);
     let q_len = p.q_len as usize;
@@ -423,8 +396,8 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
             sync_cube();
         }
     }
-    store_dkv::<F>(grad_key, grad_value, &dk, &dv, &tile, k0, &p, 0usize, cfg);
-    store_dkv::<F>(grad_key, grad_value, &dk, &dv, &tile, k0, &p, 1usize, cfg);
+    store_dkv::<F>(outs, &dk, &dv, &tile, &p, 0usize, cfg);
+    store_dkv::<F>(outs, &dk, &dv, &tile, &p, 1usize, cfg);
 }
 
 const _: () = assert!(TC_ROWS == KEY_BLOCK); // query blocks and key blocks share the buffers' size

@@ -307,16 +307,42 @@ fn row_visibility(
     for rr in 0..rows {
         max_vis = max(max_vis, vis_s[rr]);
     }
+    (max_vis, warp_min_visible(vis_s, tile, max_vis, cfg))
+}
+
+/// The smallest `vis` (in `vis_s`, by row of the cube) of the warp's rows of the group: blocks
+/// before it need no mask for any of them. Every row's `vis` is at most `max_vis`, so a warp
+/// without rows of the group masks only its last block, which changes nothing.
+#[cube]
+pub(super) fn warp_min_visible(
+    vis_s: &SharedMemory<u32>,
+    tile: &TcTile,
+    max_vis: u32,
+    #[comptime] cfg: TcCfg,
+) -> u32 {
     let (row0, _) = warp_origin(cfg);
-    // Every row's `vis` is at most `max_vis` (a warp without rows of the group then masks only
-    // its last block, which changes nothing).
     let mut warp_vis = max_vis;
     for rr in 0..16usize {
         if tile.r0 + row0 + rr < tile.gq {
             warp_vis = min(warp_vis, vis_s[row0 + rr]);
         }
     }
-    (max_vis, warp_vis)
+    warp_vis
+}
+
+/// The cube's rows of the KV group (`r = local_head·Q + i`, from `tile.r0`) in a tensor with
+/// strides `st`.
+#[cube]
+pub(super) fn group_src(tile: &TcTile, st: &Strides4, p: &AttnParams) -> RowSrc {
+    RowSrc {
+        base: tile.b * st.b as usize + tile.kh * p.group as usize * st.h as usize,
+        first: tile.r0,
+        limit: tile.gq,
+        inner: p.q_len as usize,
+        s_outer: st.h as usize,
+        s_inner: st.s as usize,
+        s_d: st.d as usize,
+    }
 }
 
 /// The warp's 16 query rows as `Dh/16` A fragments (through `smem`, which is free again after);
@@ -330,16 +356,13 @@ fn query_fragments<F: Float, N: Size>(
     smem: &mut SharedMemory<Vector<F, N>>,
     #[comptime] cfg: TcCfg,
 ) -> Sequence<Array<Vector<F, Const<2>>>> {
-    let src = RowSrc {
-        base: tile.b * p.q.b as usize + tile.kh * p.group as usize * p.q.h as usize,
-        first: tile.r0,
-        limit: tile.gq,
-        inner: p.q_len as usize,
-        s_outer: p.q.h as usize,
-        s_inner: p.q.s as usize,
-        s_d: p.q.d as usize,
-    };
-    let regs = load_rows::<F, N>(q, &src, comptime![cfg.rows()], false, cfg);
+    let regs = load_rows::<F, N>(
+        q,
+        &group_src(tile, &p.q, p),
+        comptime![cfg.rows()],
+        false,
+        cfg,
+    );
     store_rows::<F, N>(&regs, smem, comptime![cfg.rows()], cfg);
     sync_cube();
     let mut frags = a_fragments::<F, N>(smem, cfg);
