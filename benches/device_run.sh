@@ -19,6 +19,7 @@
 # with BURN_INVARIANT_IMPL=cubecl); `attnsanitize`: compute-sanitizer on the attention and rms_norm tests of
 # cuda::raw; `model`: the transformer example (.gpu/transformer_rollout), default and CubeCl. `sm90attn`, `sm90sanitize`:
 # the raw SM90 attention through kernels/tools/sm90_harness.py (no Rust binary), and compute-sanitizer on it.
+# `katt`: the kernel crate's attention tests alone.
 # `attncubecl`: the CubeCl attention (BURN_INVARIANT_IMPL=cubecl): the kernel crate's attention tests (.gpu/katt),
 # prefill (Dh 128 and 64) and decode beside SDPA, and ncu's per-kernel times of the prefill.
 # `wholemodel`: the whole-model timing (.gpu/whole_model, benches/whole_model.rs): ours (registry default, then
@@ -31,7 +32,7 @@ set -uo pipefail
 export BURN_INVARIANT_REQUIRE_CUDA=1 CUDA_PATH=${CUDA_PATH:-/usr/local/cuda}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/device.txt"; date -u >> "$OUT/device.txt"
 step() { local name=$1 limit=$2; shift 2; echo "== $name"; (time timeout "$limit" "$@") > "$OUT/$name.log" 2>&1; echo "rc=$?"; grep -E "^test .*FAILED|test result|ERROR SUMMARY|RACECHECK SUMMARY|^RESULT|^CHECK|panicked" "$OUT/$name.log" | head -60; }
-MODE=${1:-all}  # all, or a comma-separated list of: tests, attncubecl, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn, sm90sanitize, sample, samplesanitize
+MODE=${1:-all}  # all, or a comma-separated list of: tests, katt, attncubecl, limits, sanitize, bench, overhead, example, kernels, ksanitize, memory, vulkan, rl, rlsanitize, attn, attnours, attnref, attnmore, attnsanitize, model, wholemodel, wmours, wmref, sm90attn, sm90sanitize, sample, samplesanitize
 has() { [[ $MODE == all || ",$MODE," == *",$1,"* ]]; }
 if has tests; then
   step tests_default 300 .gpu/gpu cuda --test-threads=1
@@ -114,8 +115,10 @@ if has attn || has attnref; then
   step attn_burn 100 .gpu/attention_report burn; grep -h "^SKIP" "$OUT/attn_burn.log"
   attn_table
 fi
-if has attncubecl; then
+if has katt || has attncubecl; then
   step katt 300 .gpu/katt attention_cuda attention_tc_cuda --test-threads=1
+fi
+if has attncubecl; then
   BURN_INVARIANT_IMPL=cubecl step attn_prefill_cubecl 180 .gpu/attention_report prefill
   BURN_INVARIANT_IMPL=cubecl step attn_decode_cubecl 45 .gpu/attention_report decode
   step sdpa 120 python3 benches/sdpa_reference.py prefill,decode

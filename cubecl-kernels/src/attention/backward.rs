@@ -15,7 +15,7 @@ use super::tile::{
 use super::{AttentionGradRefs, AttentionRefs, attention_backward_workspace_len};
 use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
-use crate::util::{check_out_view, check_view, expect_shape, launch_chunks, raw_arg};
+use crate::util::{View, check_out_view, check_view, expect_shape, launch_chunks, raw_arg};
 use cubecl::prelude::*;
 
 /// Backward: `grad_query`, `grad_key`, `grad_value` (the inputs' dtype, every element written).
@@ -92,11 +92,23 @@ pub fn attention_backward<R: Runtime>(
     launch_dkv(client, inputs, grads, &c, &layouts)
 }
 
-/// Query rows of one δ cube.
-const DELTA_ROWS: usize = 64;
-/// Row pitch of the δ kernel's staged chunks (padded against bank conflicts).
-const DELTA_PAD: usize = DC + 1;
-const _: () = assert!((DELTA_ROWS * DC).is_multiple_of(THREADS) && DELTA_ROWS <= THREADS);
+/// Query rows of one δ cube, one per unit.
+const DELTA_ROWS: usize = THREADS;
+/// Vectors of `out` and of `dO` a δ unit loads before their fma steps.
+const DELTA_BATCH: usize = 8;
+/// Widest global load of the δ kernel.
+const DELTA_VECTOR_BYTES: usize = 16;
+
+/// The δ kernel's compile-time configuration.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct DeltaCfg {
+    /// Head size.
+    pub d: usize,
+    /// Elements per load of `out` and `dO` ([`delta_vector`]).
+    pub vec: usize,
+    pub causal: bool,
+    pub emulate: bool,
+}
 
 /// The two kernels of the tensor-core backward.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -197,13 +209,24 @@ fn launch_delta<R: Runtime>(
     layouts: &Layouts<'_>,
 ) -> Result<(), KernelError> {
     let rows = c.dims.batch * c.dims.heads * c.dims.q_len;
-    let cfg = c.cfg(client, 1);
+    let attn = c.cfg(client, 1);
+    let views = [
+        (grads.out, layouts.o.expect("the backward's layouts")),
+        (grads.grad_out, layouts.go.expect("the backward's layouts")),
+    ];
+    let cfg = DeltaCfg {
+        d: attn.d,
+        vec: delta_vector(client, c.dt.size(), attn.d, &views),
+        causal: attn.causal,
+        emulate: attn.emulate,
+    };
     for (start, len) in launch_chunks(client, 0, rows, DELTA_ROWS) {
         unsafe {
             attention_delta_kernel::launch_unchecked::<R>(
                 client,
                 CubeCount::Static(len.div_ceil(DELTA_ROWS) as u32, 1, 1),
                 CubeDim::new_1d(THREADS as u32),
+                cfg.vec,
                 DeltaInputsLaunch::new(
                     raw_arg(grads.out),
                     raw_arg(grads.grad_out),
@@ -218,6 +241,31 @@ fn launch_delta<R: Runtime>(
         }
     }
     Ok(())
+}
+
+/// The δ kernel's load width (elements): the widest the client offers within
+/// [`DELTA_VECTOR_BYTES`] that divides d, where `out` and `dO` have their last dim contiguous,
+/// their other strides (of dims past 1) multiples of it and their buffers aligned to it; else 1.
+/// Only how bytes travel depends on it.
+fn delta_vector<R: Runtime>(
+    client: &ComputeClient<R>,
+    es: usize,
+    d: usize,
+    tensors: &[(&TensorBinding<R>, &View)],
+) -> usize {
+    client
+        .io_optimized_vector_sizes(es)
+        .filter(|&w| w * es <= DELTA_VECTOR_BYTES && d.is_multiple_of(w))
+        .find(|&w| {
+            w == 1
+                || tensors.iter().all(|(t, view)| {
+                    let start = t.handle.offset_start.unwrap_or(0);
+                    view.stride(3) == 1
+                        && (0..3).all(|i| view.dim(i) <= 1 || view.stride(i).is_multiple_of(w))
+                        && start.is_multiple_of((w * es) as u64)
+                })
+        })
+        .unwrap_or(1)
 }
 
 fn launch_dq<R: Runtime>(
@@ -285,58 +333,51 @@ fn dense_row_at(st: &Strides4, p: &AttnParams, row: usize) -> usize {
     (bh / heads) * st.b as usize + (bh % heads) * st.h as usize + (row % q_len) * st.s as usize
 }
 
-/// [`DELTA_ROWS`] query rows per cube (dense index `(b·H + h)·Q + i`): `ws[3·row] = bits(δ)`,
+/// [`DELTA_ROWS`] query rows per cube (dense index `(b·H + h)·Q + i`), one per unit:
+/// `ws[3·row] = bits(δ)` (the fma chain over d ascending from +0.0 of `f32(dO)·f32(out)`),
 /// `ws[3·row + 1]` = the row's visible keys where it takes part (position ≥ 0 and `dO` not all
-/// zero), else 0, `ws[3·row + 2] = bits(lse)`. `out` and `dO` are staged by the whole cube in
-/// chunks of `DC` columns (loads along d), then the row's unit runs its fma chain over d
-/// ascending from shared memory.
+/// zero), else 0, `ws[3·row + 2] = bits(lse)`. A unit loads its row's `out` and `dO` as
+/// `cfg.vec`-element vectors, [`DELTA_BATCH`] of each before their fma steps.
 #[cube(launch_unchecked)]
-pub(crate) fn attention_delta_kernel<F: Float>(
-    ins: &DeltaInputs<F>,
+pub(crate) fn attention_delta_kernel<F: Float, N: Size>(
+    ins: &DeltaInputs<F, N>,
     ws: &mut Tensor<u32>,
     p: AttnParams,
-    #[comptime] cfg: AttnCfg,
+    #[comptime] cfg: DeltaCfg,
     #[define(F)] _dtype: StorageType,
 ) {
-    let d = comptime![cfg.d];
+    let (w, vectors) = (comptime![cfg.vec], comptime![cfg.d / cfg.vec]);
     let rows = (p.batch * p.heads * p.q_len) as usize;
-    let first = p.offset as usize + CUBE_POS_X as usize * DELTA_ROWS;
-    let tid = UNIT_POS as usize;
-    let mut o_s = SharedMemory::<f32>::new(DELTA_ROWS * DELTA_PAD);
-    let mut g_s = SharedMemory::<f32>::new(DELTA_ROWS * DELTA_PAD);
-    let mut delta = 0.0f32;
-    let mut any = false;
-    for chunk in 0..comptime![cfg.chunks()] {
-        #[unroll]
-        for e in 0..comptime![DELTA_ROWS * DC / THREADS] {
-            let idx = tid + e * THREADS;
-            let (rr, cc) = (idx / DC, idx % DC);
-            let (row, col) = (first + rr, chunk * DC + cc);
-            let mut o = 0.0f32;
-            let mut g = 0.0f32;
-            if row < rows && col < d {
-                let at = dense_row_at(&p.o, &p, row) + col * p.o.d as usize;
-                o = f32::cast_from(ins.out[at]);
-                let at = dense_row_at(&p.go, &p, row) + col * p.go.d as usize;
-                g = f32::cast_from(ins.grad_out[at]);
+    let row = p.offset as usize + CUBE_POS_X as usize * DELTA_ROWS + UNIT_POS as usize;
+    if row < rows {
+        let ob = dense_row_at(&p.o, &p, row);
+        let gb = dense_row_at(&p.go, &p, row);
+        let (os, gs) = (p.o.d as usize, p.go.d as usize);
+        let mut delta = 0.0f32;
+        let mut any = false;
+        let mut ov = Array::<Vector<F, N>>::new(DELTA_BATCH);
+        let mut gv = Array::<Vector<F, N>>::new(DELTA_BATCH);
+        for b in 0..comptime![vectors.div_ceil(DELTA_BATCH)] {
+            #[unroll]
+            for k in 0..DELTA_BATCH {
+                // Past the row's last vector: a copy of it, never used.
+                let col = min(b * DELTA_BATCH + k, comptime![vectors.saturating_sub(1)]) * w;
+                ov[k] = ins.out[(ob + col * os) / w];
+                gv[k] = ins.grad_out[(gb + col * gs) / w];
             }
-            o_s[rr * DELTA_PAD + cc] = o;
-            g_s[rr * DELTA_PAD + cc] = g;
-        }
-        sync_cube();
-        if tid < DELTA_ROWS {
-            for cc in 0..DC {
-                if chunk * DC + cc < d {
-                    let g = g_s[tid * DELTA_PAD + cc];
-                    any = any || g != 0.0f32;
-                    delta = fma_f32(g, o_s[tid * DELTA_PAD + cc], delta, comptime![cfg.emulate]);
+            #[unroll]
+            for k in 0..DELTA_BATCH {
+                if b * DELTA_BATCH + k < vectors {
+                    let (o, g) = (ov[k], gv[k]);
+                    #[unroll]
+                    for j in 0..w {
+                        let ge = f32::cast_from(g[j]);
+                        any = any || ge != 0.0f32;
+                        delta = fma_f32(ge, f32::cast_from(o[j]), delta, comptime![cfg.emulate]);
+                    }
                 }
             }
         }
-        sync_cube();
-    }
-    let row = first + tid;
-    if tid < DELTA_ROWS && row < rows {
         let q_len = p.q_len as usize;
         let b = row / q_len / p.heads as usize;
         let len = kv_len_of(&ins.kv_lens, b * p.lens as usize, p.kv_len);

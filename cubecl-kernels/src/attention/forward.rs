@@ -6,8 +6,7 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_clamped_loads, tc_forward_supported, tc_split,
-    tc_vector,
+    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split, tc_vector,
 };
 use super::tile::{
     AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD,
@@ -34,20 +33,6 @@ pub fn attention_forward<R: Runtime>(
     out: &TensorBinding<R>,
     lse: &TensorBinding<R>,
 ) -> Result<(), KernelError> {
-    attention_forward_clamped(client, inputs, out, lse, tc_clamped_loads())
-}
-
-/// [`attention_forward`] with the tensor-core forward's experimental clamped loads on or off
-/// (`tc_forward.rs`, `TcCfg::clamped`; `attention_forward` takes
-/// `BURN_INVARIANT_ATTN_CLAMPED_LOADS=1`), for the codegen sweep.
-#[doc(hidden)]
-pub fn attention_forward_clamped<R: Runtime>(
-    client: &ComputeClient<R>,
-    inputs: &AttentionRefs<'_, R>,
-    out: &TensorBinding<R>,
-    lse: &TensorBinding<R>,
-    clamped: bool,
-) -> Result<(), KernelError> {
     let c = check_inputs(client, inputs)?;
     let dims = c.dims;
     let ov = check_out_view("out", out, 4, c.dt.size())?;
@@ -68,7 +53,7 @@ pub fn attention_forward_clamped<R: Runtime>(
         ..c.layouts()
     };
     if tc_forward_supported(client, c.dt, dims.head_dim) {
-        launch_tc(client, inputs, &c, out, lse, &layouts, clamped);
+        launch_tc(client, inputs, &c, out, lse, &layouts);
         return Ok(());
     }
     let cfg = c.cfg(client, query_rows(&c));
@@ -100,7 +85,6 @@ fn launch_tc<R: Runtime>(
     out: &TensorBinding<R>,
     lse: &TensorBinding<R>,
     layouts: &Layouts<'_>,
-    clamped: bool,
 ) {
     let dims = c.dims;
     let group_rows = dims.group() * dims.q_len;
@@ -119,7 +103,7 @@ fn launch_tc<R: Runtime>(
             ],
             c.dt.size(),
         ),
-        clamped,
+        clamped: true,
     };
     let tiles = group_rows.div_ceil(cfg.rows());
     let cubes = dims.batch * dims.kv_heads * tiles;

@@ -32,7 +32,6 @@ mod tile;
 pub use backward::attention_backward;
 pub use forward::attention_forward;
 #[doc(hidden)]
-pub use forward::attention_forward_clamped;
 #[doc(hidden)]
 pub use forward::attention_forward_uses_tensor_cores;
 

@@ -16,7 +16,10 @@
 //! negative position or an all-zero `dO`, padding) are staged as zeros and their `p`, `dS`
 //! selected to 0, so they add exact zeros, NaN in them included; query blocks where no row sees
 //! a key of the cube are skipped (an accumulator that starts at +0 never holds −0, so adding
-//! zeros changes no bit either way). Keys at or past `kv_lens[b]` are staged as zeros.
+//! zeros changes no bit either way). dK/dV stages its keys past `kv_lens[b]` as zeros; dQ's
+//! loop stages keys past the cube's last visible key as copies of it (whole 16-byte moves; their
+//! `p` and `dS` are selected to 0), and dK/dV loads query blocks from clamped rows before zeroing
+//! the rows that take no part.
 
 use super::tc_forward::{
     LANES, S_FRAGS, TC_ROWS, TC_THREADS, TcCfg, TcTile, a_fragment, a_fragments, accumulate_pv,
@@ -24,8 +27,7 @@ use super::tc_forward::{
     score_step, scores, store_rows, tc_tile, warp_min_visible, warp_origin, zero_frags,
 };
 use super::tile::{
-    AttnParams, KEY_BLOCK, KvGrads, RowState, key_rows, kv_len_of, load_row_state, max_visible,
-    row_state,
+    AttnParams, KEY_BLOCK, KvGrads, RowState, key_rows, kv_len_of, load_row_state, row_state,
 };
 use cubecl::prelude::*;
 
@@ -53,7 +55,9 @@ fn block_row_state(
 ) -> usize {
     load_row_state(ws, base, first, limit, rows, TC_ROWS);
     sync_cube();
-    max_visible(&rows.vis, TC_ROWS)
+    // Two rows per lane, then the warp's maximum (each warp computes the same value).
+    let lane = UNIT_POS_X as usize;
+    plane_max(max(rows.vis[lane], rows.vis[lane + LANES])) as usize
 }
 
 /// [`store_rows`] with the rows that take no part (`vis == 0`) written as zeros.
@@ -67,15 +71,20 @@ fn store_active_rows<F: Float, N: Size>(
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
     let per_row = comptime![cfg.d / cfg.vec];
     let pitch = comptime![cfg.pitch() / cfg.vec];
+    // Stored whole, then overwritten with zeros where the row takes no part: a select would
+    // move each half-word of the vector on its own.
+    #[unroll]
+    for e in 0..comptime![cfg.loads(TC_ROWS)] {
+        let idx = tid + e * TC_THREADS;
+        smem[(idx / per_row) * pitch + idx % per_row] = regs[e];
+    }
     #[unroll]
     for e in 0..comptime![cfg.loads(TC_ROWS)] {
         let idx = tid + e * TC_THREADS;
         let rr = idx / per_row;
-        let mut val = regs[e];
         if vis[rr] == 0u32 {
-            val = Vector::<F, N>::new(F::new(0.0));
+            smem[rr * pitch + idx % per_row] = Vector::<F, N>::new(F::new(0.0));
         }
-        smem[rr * pitch + idx % per_row] = val;
     }
 }
 
@@ -236,21 +245,22 @@ pub(crate) fn attention_tc_dq_kernel<F: Float, N: Size>(
             row_ds(&mut s, &dp, &row_b, p.scale, j0, 1usize, false);
         }
         let dsa = probabilities::<F>(&s);
-        // The next block's K and V in flight while `dS·K` runs (zeros past `max_vis`).
+        // The next block's K and V in flight while `dS·K` runs (past `max_vis`, copies of its
+        // last key: `p = dS = 0` there, whole 16-byte moves).
         let next = j0 + KEY_BLOCK;
         let keys = load_rows::<F, N>(
             &ins.k,
             &key_src(&tile, &p.k, next, max_vis),
             KEY_BLOCK,
             true,
-            cfg,
+            comptime![cfg.clamped()],
         );
         let values = load_rows::<F, N>(
             &ins.v,
             &key_src(&tile, &p.v, next, max_vis),
             KEY_BLOCK,
             true,
-            cfg,
+            comptime![cfg.clamped()],
         );
         accumulate_pv::<F, N>(&k_s, &dsa, &mut dq, cfg);
         sync_cube();
@@ -373,7 +383,7 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
             let block_vis = block_row_state(&ins.ws, row_base, i0, q_len, &mut rows);
             if block_vis > k0 {
                 let src = key_rows(b * p.q.b as usize + head * p.q.h as usize, i0, q_len, &p.q);
-                let regs = load_rows::<F, N>(&ins.q, &src, TC_ROWS, true, cfg);
+                let regs = load_rows::<F, N>(&ins.q, &src, TC_ROWS, true, comptime![cfg.clamped()]);
                 store_active_rows::<F, N>(&regs, &mut q_s, &rows.vis, cfg);
                 let src = key_rows(
                     b * p.go.b as usize + head * p.go.h as usize,
@@ -381,7 +391,8 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
                     q_len,
                     &p.go,
                 );
-                let regs = load_rows::<F, N>(&ins.grad_out, &src, TC_ROWS, true, cfg);
+                let regs =
+                    load_rows::<F, N>(&ins.grad_out, &src, TC_ROWS, true, comptime![cfg.clamped()]);
                 store_active_rows::<F, N>(&regs, &mut g_s, &rows.vis, cfg);
                 sync_cube();
                 let mut s = products::<F, N>(&k_s, &q_s, cfg);
@@ -401,3 +412,4 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
 }
 
 const _: () = assert!(TC_ROWS == KEY_BLOCK); // query blocks and key blocks share the buffers' size
+const _: () = assert!(TC_ROWS == 2 * LANES); // block_row_state: two rows per lane

@@ -18,7 +18,8 @@
 //! padding or the launch split. Masked scores are replaced (select), never offset; a block the
 //! row cannot see leaves `m`, `l` and `o` unchanged (`α = 1`, `p = 0`; `o` only up to the sign
 //! of a zero, which the epilogue canonicalizes). Keys no row of the cube can see (at or past the
-//! cube's last visible key, hence past `kv_lens`) are staged as zeros, never read.
+//! cube's last visible key, hence past `kv_lens`) are staged as copies of that last key (whole
+//! 16-byte moves, no per-lane zeroing), never read past it.
 
 use super::math::{div_rn, ln_p, neg_inf};
 use super::tile::{
@@ -57,13 +58,21 @@ pub(crate) struct TcCfg {
     pub split: bool,
     /// Elements per global load and per staged shared-memory word (1 or [`TC_VECTOR`]).
     pub vec: usize,
-    /// Experimental, off by default ([`tc_clamped_loads`]): rows at or past a staging limit
-    /// load a copy of the last row before it (always valid, whole 128-bit moves) instead of
-    /// zeros, and the maxima use `max` rather than a compare and select.
+    /// Rows at or past a staging limit load a copy of the last row before it (always valid,
+    /// whole 128-bit moves) instead of zeros, and the maxima use `max` rather than a compare and
+    /// select: the forward's staging (its masked keys get `p = 0`, a copy costs nothing). The
+    /// backward stages zeros: its inactive rows may hold NaN padding within the limit.
     pub clamped: bool,
 }
 
 impl TcCfg {
+    /// This configuration with [`TcCfg::clamped`] loads.
+    pub(super) fn clamped(&self) -> TcCfg {
+        TcCfg {
+            clamped: true,
+            ..*self
+        }
+    }
     /// Row pitch (elements) of a staged Q, K or V tile.
     pub(super) fn pitch(&self) -> usize {
         self.d + PAD
@@ -131,14 +140,6 @@ pub(crate) fn tc_backward_supported<R: Runtime>(
     let shared = 4 * KEY_BLOCK * (head_dim + PAD) * dtype.size() + 12 * TC_ROWS;
     tc_forward_supported(client, dtype, head_dim)
         && client.properties().hardware.max_shared_memory_size >= shared
-}
-
-/// Whether the forward takes [`TcCfg::clamped`]: `BURN_INVARIANT_ATTN_CLAMPED_LOADS=1`, an
-/// experiment not yet run on a device (it moves fewer instructions per block; masked keys then
-/// hold a copy of the cube's last visible key, inside the contract's caveat on non-finite keys,
-/// and `p = 0` keeps every bit but the sign of a zero `o`, which the epilogue writes as +0).
-pub(crate) fn tc_clamped_loads() -> bool {
-    std::env::var_os("BURN_INVARIANT_ATTN_CLAMPED_LOADS").is_some_and(|v| v == "1")
 }
 
 /// The global load width (elements) of Q, K and V: [`TC_VECTOR`] where each has its last dim
@@ -527,19 +528,9 @@ pub(super) fn mma_pair<F: Float>(
 
 /// `max` of the four lanes of a quad (one row's lanes), the same value in each.
 #[cube]
-fn quad_max(x: f32, #[comptime] clamped: bool) -> f32 {
-    let x = larger(x, plane_shuffle_xor(x, 1u32), clamped);
-    larger(x, plane_shuffle_xor(x, 2u32), clamped)
-}
-
-/// The larger of `x` and `y` (`x` when `y` is NaN): a compare and select, or `max`.
-#[cube]
-fn larger(x: f32, y: f32, #[comptime] clamped: bool) -> f32 {
-    if comptime![clamped] {
-        max(x, y)
-    } else {
-        select(y > x, y, x)
-    }
+fn quad_max(x: f32) -> f32 {
+    let x = max(x, plane_shuffle_xor(x, 1u32));
+    max(x, plane_shuffle_xor(x, 2u32))
 }
 
 /// Sum over the four lanes of a quad by a fixed xor tree (every lane gets the same bits:
@@ -565,7 +556,6 @@ fn block_max(
     j0: usize,
     #[comptime] h: usize,
     #[comptime] masked: bool,
-    #[comptime] clamped: bool,
 ) -> f32 {
     let t = UNIT_POS_X as usize % 4;
     let mut bm = neg_inf();
@@ -578,7 +568,7 @@ fn block_max(
             if comptime![masked] {
                 x = select(j0 + j * 8 + 2 * t + c < vis, x, neg_inf());
             }
-            bm = larger(bm, x, clamped);
+            bm = max(bm, x);
         }
     }
     bm
@@ -630,15 +620,14 @@ fn softmax_row(
     a: f32,
     masked: bool,
     #[comptime] h: usize,
-    #[comptime] clamped: bool,
 ) {
     let vis = row.vis as usize;
     let bm = if masked {
-        block_max(s, vis, j0, h, true, clamped)
+        block_max(s, vis, j0, h, true)
     } else {
-        block_max(s, vis, j0, h, false, clamped)
+        block_max(s, vis, j0, h, false)
     };
-    let bm = quad_max(bm, clamped) * a;
+    let bm = quad_max(bm) * a;
     let grow = bm > row.m;
     let mn = select(grow, bm, row.m);
     row.alpha = select(grow, fast_exp(row.m - bm), 1.0f32);
@@ -840,12 +829,8 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     // Up to the last block any row of the cube sees; a block a row cannot see changes nothing
     // of it. Rows at or past `max_vis` load as zeros (the last block's "next keys" too).
     let blocks = max_vis.div_ceil(KEY_BLOCK);
-    // Block 0's keys; clamped loads need a row to copy (with no block `k_s` is never read).
-    if comptime![cfg.clamped] {
-        if blocks > 0 {
-            stage_keys::<F, N>(k, &tile, &p, max_vis, &mut k_s, cfg);
-        }
-    } else {
+    // Block 0's keys; the clamped loads need a row to copy (with no block `k_s` is never read).
+    if blocks > 0 {
         stage_keys::<F, N>(k, &tile, &p, max_vis, &mut k_s, cfg);
     }
     sync_cube();
@@ -855,24 +840,8 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
         let values = load_rows::<F, N>(v, &key_src(&tile, &p.v, j0, max_vis), KEY_BLOCK, true, cfg);
         let mut s = scores::<F, N>(&k_s, &qa, cfg);
         let masked = j0 + KEY_BLOCK > warp_vis;
-        softmax_row(
-            &mut s,
-            &mut r0,
-            j0,
-            a,
-            masked,
-            0usize,
-            comptime![cfg.clamped],
-        );
-        softmax_row(
-            &mut s,
-            &mut r1,
-            j0,
-            a,
-            masked,
-            1usize,
-            comptime![cfg.clamped],
-        );
+        softmax_row(&mut s, &mut r0, j0, a, masked, 0usize);
+        softmax_row(&mut s, &mut r1, j0, a, masked, 1usize);
         // `o·1` is exact: skipped where no row of the warp grew its max.
         if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
             rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);

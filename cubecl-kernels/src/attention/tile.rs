@@ -92,11 +92,12 @@ pub(crate) struct AttnOutputs<F: Float> {
     pub lse: Tensor<f32>,
 }
 
-/// The δ kernel's inputs: the saved output, `dOut`, the saved `lse`, `kv_lens`.
+/// The δ kernel's inputs: the saved output and `dOut` (as `N`-element vectors), the saved
+/// `lse`, `kv_lens`.
 #[derive(CubeType, CubeLaunch)]
-pub(crate) struct DeltaInputs<F: Float> {
-    pub out: Tensor<F>,
-    pub grad_out: Tensor<F>,
+pub(crate) struct DeltaInputs<F: Float, N: Size> {
+    pub out: Tensor<Vector<F, N>>,
+    pub grad_out: Tensor<Vector<F, N>>,
     pub lse: Tensor<f32>,
     pub kv_lens: Tensor<i32>,
 }

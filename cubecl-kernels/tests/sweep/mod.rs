@@ -19,7 +19,7 @@
 
 use burn_invariant_cubecl::attention::{
     AttentionGradRefs, AttentionRefs, attention_backward, attention_backward_workspace_len,
-    attention_forward_clamped, attention_forward_uses_tensor_cores, attention_math_on_device,
+    attention_forward, attention_forward_uses_tensor_cores, attention_math_on_device,
 };
 use burn_invariant_cubecl::consts::{CMMA_TILE, CmmaTile};
 use burn_invariant_cubecl::gemm::{fma_emulated_on_device, matmul_cmma_tiled};
@@ -69,8 +69,6 @@ const ATTN_HEAD_DIMS: [usize; 8] = [0, 8, 16, 40, 64, 128, 136, 256];
 enum Pass {
     /// The forward.
     Forward,
-    /// The forward with the tensor-core forward's experimental clamped loads.
-    Clamped,
     /// The forward, then the backward.
     Both,
 }
@@ -626,13 +624,6 @@ impl<'a, R: Runtime> Sweep<'a, R> {
                 }
                 // Query rows d + 4 apart: scalar loads; a negative scale.
                 self.attention_call_padded(dt, d, ATTN_SHAPES[2], true, 4);
-                // The experimental clamped loads (off by default).
-                for causal in [false, true] {
-                    self.attention_clamped(dt, d, ATTN_SHAPES[2], causal);
-                }
-                if d % 64 == 0 {
-                    self.attention_clamped(dt, d, ATTN_SHAPES[0], true);
-                }
             }
         }
     }
@@ -648,11 +639,6 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     ) {
         let pass = if backward { Pass::Both } else { Pass::Forward };
         self.attention_call_inner(dt, d, shape, causal, pass, 0);
-    }
-
-    /// The tensor-core forward with its experimental clamped loads.
-    fn attention_clamped(&mut self, dt: FloatDType, d: usize, shape: [usize; 5], causal: bool) {
-        self.attention_call_inner(dt, d, shape, causal, Pass::Clamped, 0);
     }
 
     /// Forward and backward with the query's rows `d + pad` apart and scale −0.125.
@@ -703,7 +689,7 @@ impl<'a, R: Runtime> Sweep<'a, R> {
         };
         let out = self.dense(&[b, h, q, d], es);
         let lse = self.dense(&[b, h, q], 4);
-        let r = attention_forward_clamped(self.client, &inputs, &out, &lse, pass == Pass::Clamped);
+        let r = attention_forward(self.client, &inputs, &out, &lse);
         self.done(r, || format!("attention_forward {pass:?} {}", what()));
         if pass != Pass::Both {
             return;
