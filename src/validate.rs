@@ -1,5 +1,5 @@
 //! Checks shared by the public functions; each returns the typed error of docs/CONTRACT.md, *Errors*.
-use burn::tensor::{DType, Int, Tensor, backend::Backend};
+use burn::tensor::{BasicOps, DType, Int, Tensor, TensorData, backend::Backend};
 
 use crate::InvariantError;
 
@@ -98,19 +98,24 @@ pub(crate) fn index_limit(arg: &'static str, shape: &[usize]) -> Result<(), Inva
     Ok(())
 }
 
+/// One host read of `t`; a failed read is [`InvariantError::Read`] naming `arg`.
+pub(crate) fn host_data<B: Backend, const D: usize, K: BasicOps<B>>(
+    t: Tensor<B, D, K>,
+    arg: &'static str,
+) -> Result<TensorData, InvariantError> {
+    t.try_into_data().map_err(|e| InvariantError::Read {
+        arg,
+        reason: format!("{e:?}"),
+    })
+}
+
 /// One host read of `targets`; every value in `[0, vocab)` or equal to `ignore_index`.
 pub(crate) fn targets_in_range<B: Backend>(
     targets: &Tensor<B, 1, Int>,
     vocab: usize,
     ignore_index: Option<i64>,
 ) -> Result<(), InvariantError> {
-    let data = targets
-        .clone()
-        .try_into_data()
-        .map_err(|e| InvariantError::Read {
-            arg: "targets",
-            reason: format!("{e:?}"),
-        })?;
+    let data = host_data(targets.clone(), "targets")?;
     let mut first = None;
     let mut count = 0usize;
     for (index, value) in data.iter::<i64>().enumerate() {
@@ -138,13 +143,7 @@ pub(crate) fn lengths_in_range<B: Backend>(
     arg: &'static str,
     max: usize,
 ) -> Result<(), InvariantError> {
-    let data = lengths
-        .clone()
-        .try_into_data()
-        .map_err(|e| InvariantError::Read {
-            arg,
-            reason: format!("{e:?}"),
-        })?;
+    let data = host_data(lengths.clone(), arg)?;
     host_lengths_in_range(data.iter::<i64>(), arg, max)
 }
 

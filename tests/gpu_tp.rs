@@ -16,7 +16,7 @@ use burn_invariant::tp::{self, InProcessGroup, NcclGroup, NcclId, VocabShard};
 use burn_invariant::{InvariantError, LinearLogpOptions};
 use common::ranks::{self, bits_of};
 use common::tp_problem::{Problem, RankOut, problem, rank_run, single_rank};
-use common::{assert_bits_eq, float, ints};
+use common::{assert_bits_eq, float, ints, matrix_rows};
 use cubecl::cuda::CudaDevice;
 use serial_test::serial;
 
@@ -144,12 +144,7 @@ fn nccl_tp_sample_is_bitwise_invariant_across_world_sizes() {
             let shard = VocabShard::split(rank, world, p.v);
             let out = tp::linear_sample(
                 float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
-                float::<B, 2>(
-                    p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
-                    [shard.len(), p.d],
-                    &device,
-                    p.dtype,
-                ),
+                matrix_rows::<B>(&p.weight, p.d, shard.range(), &device, p.dtype),
                 ints::<B>((0..p.n as i64).map(|i| 5 * i + 1).collect(), &device),
                 p.bias.as_ref().map(|b| {
                     float::<B, 1>(b[shard.range()].to_vec(), [shard.len()], &device, p.dtype)
@@ -172,21 +167,14 @@ fn nccl_tp_sample_is_bitwise_invariant_across_world_sizes() {
         for (rank, out) in draw(world).iter().enumerate() {
             let what = format!("world {world} rank {rank}");
             assert_eq!(out.0, one[0].0, "{what}: tokens");
-            assert_bits_eq(
-                &format!("{what}: logp"),
-                &bits_of(&out.1),
-                &bits_of(&one[0].1),
-            );
-            assert_bits_eq(
-                &format!("{what}: lse"),
-                &bits_of(&out.2),
-                &bits_of(&one[0].2),
-            );
-            assert_bits_eq(
-                &format!("{what}: entropy"),
-                &bits_of(&out.3),
-                &bits_of(&one[0].3),
-            );
+            let want = &one[0];
+            for (name, got, want) in [
+                ("logp", &out.1, &want.1),
+                ("lse", &out.2, &want.2),
+                ("entropy", &out.3, &want.3),
+            ] {
+                assert_bits_eq(&format!("{what}: {name}"), &bits_of(got), &bits_of(want));
+            }
         }
     }
 }
@@ -386,9 +374,10 @@ fn a_failure_on_one_rank_fails_every_rank_the_same_way() {
         let call_with = |rows: usize, targets: Vec<i64>, options: &LinearLogpOptions| {
             tp::linear_logp(
                 float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
-                float::<B, 2>(
-                    p.weight[shard.start * p.d..(shard.start + rows) * p.d].to_vec(),
-                    [rows, p.d],
+                matrix_rows::<B>(
+                    &p.weight,
+                    p.d,
+                    shard.start..shard.start + rows,
                     &device,
                     p.dtype,
                 ),
@@ -487,12 +476,7 @@ fn a_missing_rank_fails_in_bounded_time() {
         let start = Instant::now();
         let result = tp::linear_logp(
             float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
-            float::<B, 2>(
-                p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
-                [shard.len(), p.d],
-                &device,
-                p.dtype,
-            ),
+            matrix_rows::<B>(&p.weight, p.d, shard.range(), &device, p.dtype),
             ints::<B>(p.targets.clone(), &device),
             None,
             &shard,

@@ -15,7 +15,7 @@ use common::ranks::{self, bits_of};
 use common::tp_problem::{
     IGNORE, Problem, RankOut, host, problem, rank_run, shard_logp, single_rank,
 };
-use common::{Rng, assert_bits_eq, float, ints};
+use common::{Rng, assert_bits_eq, float, ints, matrix_rows};
 
 type B = burn::backend::NdArray<f32>;
 type AD = burn::backend::Autodiff<B>;
@@ -327,13 +327,8 @@ fn empty_batch_returns_empty_on_every_rank() {
     let outs = on_ranks(InProcessGroup::new(2), move |rank, group| {
         let device = Default::default();
         let s = VocabShard::split(rank, 2, p.v);
-        let weight = float::<AD, 2>(
-            p.weight[s.start * p.d..s.end * p.d].to_vec(),
-            [s.len(), p.d],
-            &device,
-            DType::F32,
-        )
-        .require_grad();
+        let weight =
+            matrix_rows::<AD>(&p.weight, p.d, s.range(), &device, DType::F32).require_grad();
         let (logp, lse) = tp::linear_logp_with_lse(
             float::<AD, 2>(vec![], [0, p.d], &device, DType::F32).require_grad(),
             weight.clone(),
@@ -725,13 +720,8 @@ fn faulty_step<G: tp::Collective<AD> + Clone + 'static>(
     let device = Default::default();
     let hidden = float::<AD, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32).require_grad();
     let rows = shard.range();
-    let weight = float::<AD, 2>(
-        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
-        [shard.len(), p.d],
-        &device,
-        DType::F32,
-    )
-    .require_grad();
+    let weight =
+        matrix_rows::<AD>(&p.weight, p.d, rows.clone(), &device, DType::F32).require_grad();
     let bias = (p.bias.as_ref())
         .map(|b| float::<AD, 1>(b[rows].to_vec(), [shard.len()], &device, DType::F32))
         .map(Tensor::require_grad);

@@ -12,7 +12,7 @@ use burn_invariant::tp::{self, InProcessGroup, VocabShard};
 use burn_invariant::{InvariantError, SampleOptions};
 use common::ranks::{self, bits_of};
 use common::sampler::one_row_head;
-use common::{Rng, assert_bits_eq, float, ints};
+use common::{Rng, assert_bits_eq, float, ints, matrix_rows};
 
 type B = burn::backend::NdArray<f32>;
 
@@ -68,14 +68,7 @@ fn rank_draw(
 ) -> Result<Out, InvariantError> {
     let device = Default::default();
     let hidden = || float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32);
-    let weight = || {
-        float::<B, 2>(
-            p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
-            [shard.len(), p.d],
-            &device,
-            DType::F32,
-        )
-    };
+    let weight = || matrix_rows::<B>(&p.weight, p.d, shard.range(), &device, DType::F32);
     let bias = || {
         p.bias.as_ref().map(|b| {
             float::<B, 1>(
@@ -307,12 +300,7 @@ fn empty_batch_returns_empty_on_every_rank() {
         let shard = VocabShard::split(rank, 2, p.v);
         let out = tp::linear_sample(
             Tensor::<B, 2>::empty([0, p.d], &device),
-            float::<B, 2>(
-                p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
-                [shard.len(), p.d],
-                &device,
-                DType::F32,
-            ),
+            matrix_rows::<B>(&p.weight, p.d, shard.range(), &device, DType::F32),
             Tensor::<B, 1, Int>::from_ints(keys.as_slice(), &device),
             None,
             &shard,

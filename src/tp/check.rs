@@ -171,13 +171,7 @@ fn local<B: InvariantBackend>(
     row[IMPL] = implementation_code(implementation);
     if !options.skip_target_check {
         // The one host read of the targets: the global range check and the hash.
-        let data = (*targets)
-            .clone()
-            .try_into_data()
-            .map_err(|e| InvariantError::Read {
-                arg: "targets",
-                reason: format!("{e:?}"),
-            })?;
+        let data = crate::validate::host_data((*targets).clone(), "targets")?;
         let values: Vec<i64> = data.iter::<i64>().collect();
         row[HASH] = fnv1a(values.iter().copied());
         let vocab = shard.global_vocab as u64;

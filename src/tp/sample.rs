@@ -17,6 +17,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use super::check::{self, fnv1a};
 use super::{Collective, VocabShard};
 use crate::ops::linear_sample::noise::{gumbel, row_word};
+use crate::validate::host_data;
 use crate::{
     InvariantBackend, InvariantError, LinearLogpOptions, LinearSampleOutput, SampleOptions,
 };
@@ -104,6 +105,9 @@ where
     })
 }
 
+/// The argument a failed host read of the leaves' draws names.
+const LEAF_DRAW: &str = "a leaf's draw";
+
 /// This rank's host block: per leaf slot the bits of its lse `[N]` then its candidates `[N]`
 /// (global indices); slots past its leaves carry lse −∞.
 fn leaf_block<B: InvariantBackend>(
@@ -128,8 +132,12 @@ fn leaf_block<B: InvariantBackend>(
         candidates.push(out.tokens);
     }
     // One host read of each for all the leaves (every shard holds one at least: validated).
-    let lses = read_f32(Tensor::cat(lses, 0))?;
-    let candidates = read_i64(Tensor::cat(candidates, 0))?;
+    let lses: Vec<f32> = host_data(Tensor::cat(lses, 0), LEAF_DRAW)?
+        .iter::<f32>()
+        .collect();
+    let candidates: Vec<i64> = host_data(Tensor::cat(candidates, 0), LEAF_DRAW)?
+        .iter::<i64>()
+        .collect();
     let mut block = Vec::with_capacity(2 * slots * n);
     for (leaf, &(start, _)) in own.iter().enumerate() {
         let rows = leaf * n..(leaf + 1) * n;
@@ -181,13 +189,7 @@ fn local_keys<B: InvariantBackend>(
             got: keys.dims().to_vec(),
         });
     }
-    let data = keys
-        .clone()
-        .try_into_data()
-        .map_err(|e| InvariantError::Read {
-            arg: "keys",
-            reason: format!("{e:?}"),
-        })?;
+    let data = host_data(keys.clone(), "keys")?;
     let values: Vec<i64> = data.iter::<i64>().collect();
     let header = [options.seed as i64, options.temperature.to_bits() as i64];
     let hash = fnv1a(header.into_iter().chain(values.iter().copied()));
@@ -201,23 +203,6 @@ fn leaves_of(bounds: &[usize], start: usize, end: usize) -> Vec<(usize, usize)> 
         .map(|w| (w[0].max(start), w[1].min(end)))
         .filter(|(a, b)| a < b)
         .collect()
-}
-
-fn read_error(e: impl core::fmt::Debug) -> InvariantError {
-    InvariantError::Read {
-        arg: "a leaf's draw",
-        reason: format!("{e:?}"),
-    }
-}
-
-fn read_f32<B: InvariantBackend>(t: Tensor<B, 1>) -> Result<Vec<f32>, InvariantError> {
-    let data = t.try_into_data().map_err(read_error)?;
-    Ok(data.iter::<f32>().collect())
-}
-
-fn read_i64<B: InvariantBackend>(t: Tensor<B, 1, Int>) -> Result<Vec<i64>, InvariantError> {
-    let data = t.try_into_data().map_err(read_error)?;
-    Ok(data.iter::<i64>().collect())
 }
 
 /// Per row, the candidate of the leaf with the largest `lse + G(seed, key, V + start)` (ties to

@@ -54,6 +54,24 @@ pub fn float<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(data, shape), (device, dtype))
 }
 
+/// Rows `rows` of a row-major `[_, d]` host matrix as a `[rows.len(), d]` tensor (a rank's
+/// shard of a weight).
+pub fn matrix_rows<B: Backend>(
+    data: &[f32],
+    d: usize,
+    rows: std::ops::Range<usize>,
+    device: &B::Device,
+    dtype: DType,
+) -> Tensor<B, 2> {
+    let n = rows.len();
+    float(
+        data[rows.start * d..rows.end * d].to_vec(),
+        [n, d],
+        device,
+        dtype,
+    )
+}
+
 pub fn ints<B: Backend>(data: Vec<i64>, device: &B::Device) -> Tensor<B, 1, Int> {
     let n = data.len();
     Tensor::from_data(TensorData::new(data, [n]), device)

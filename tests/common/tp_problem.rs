@@ -4,7 +4,7 @@ use burn::tensor::{DType, Int, Tensor, backend::AutodiffBackend};
 use burn_invariant::tp::{self, VocabShard};
 use burn_invariant::{InvariantBackend, LinearLogpOptions, LinearLogpOutput};
 
-use super::{Rng, float, ints};
+use super::{Rng, float, ints, matrix_rows};
 
 pub const IGNORE: i64 = -100;
 
@@ -94,13 +94,7 @@ where
 {
     let len = rows.len();
     let hidden = float::<A, 2>(p.hidden.clone(), [p.n, p.d], device, p.dtype).require_grad();
-    let weight = float::<A, 2>(
-        p.weight[rows.start * p.d..rows.end * p.d].to_vec(),
-        [len, p.d],
-        device,
-        p.dtype,
-    )
-    .require_grad();
+    let weight = matrix_rows::<A>(&p.weight, p.d, rows.clone(), device, p.dtype).require_grad();
     let bias = p
         .bias
         .as_ref()
@@ -162,12 +156,7 @@ where
 {
     tp::linear_logp(
         float::<B, 2>(p.hidden.clone(), [p.n, p.d], device, DType::F32),
-        float::<B, 2>(
-            p.weight[shard.start * p.d..shard.end * p.d].to_vec(),
-            [shard.len(), p.d],
-            device,
-            DType::F32,
-        ),
+        matrix_rows::<B>(&p.weight, p.d, shard.range(), device, DType::F32),
         ints::<B>(p.targets.clone(), device),
         None,
         shard,

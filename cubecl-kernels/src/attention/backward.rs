@@ -5,7 +5,7 @@ use super::forward::{query_rows, zero};
 use super::inputs::{Checked, Layouts, check_inputs, grad_inputs};
 use super::math::exp_p;
 use super::tc_backward::{TcGradInputsLaunch, attention_tc_dkv_kernel, attention_tc_dq_kernel};
-use super::tc_forward::{TC_WARPS, TcCfg, tc_backward_supported, tc_vector};
+use super::tc_forward::{TC_WARPS, TcCfg, tc_backward_supported, tc_vector, vectors_fit};
 use super::tile::{
     AttnCfg, AttnParams, DC, DKV_PAD, DKV_ROWS, DeltaInputs, DeltaInputsLaunch, GradInputs,
     KEY_BLOCK, KvGrads, KvGradsLaunch, RowSrc, RowState, S_PAD, SCALE_A, SCALE_B, SCALE_NONE,
@@ -244,8 +244,7 @@ fn launch_delta<R: Runtime>(
 }
 
 /// The δ kernel's load width (elements): the widest the client offers within
-/// [`DELTA_VECTOR_BYTES`] that divides d, where `out` and `dO` have their last dim contiguous,
-/// their other strides (of dims past 1) multiples of it and their buffers aligned to it; else 1.
+/// [`DELTA_VECTOR_BYTES`] that divides d and that `out` and `dO` fit ([`vectors_fit`]); else 1.
 /// Only how bytes travel depends on it.
 fn delta_vector<R: Runtime>(
     client: &ComputeClient<R>,
@@ -256,15 +255,7 @@ fn delta_vector<R: Runtime>(
     client
         .io_optimized_vector_sizes(es)
         .filter(|&w| w * es <= DELTA_VECTOR_BYTES && d.is_multiple_of(w))
-        .find(|&w| {
-            w == 1
-                || tensors.iter().all(|(t, view)| {
-                    let start = t.handle.offset_start.unwrap_or(0);
-                    view.stride(3) == 1
-                        && (0..3).all(|i| view.dim(i) <= 1 || view.stride(i).is_multiple_of(w))
-                        && start.is_multiple_of((w * es) as u64)
-                })
-        })
+        .find(|&w| w == 1 || vectors_fit(tensors, w, es))
         .unwrap_or(1)
 }
 

@@ -150,15 +150,27 @@ pub(crate) fn tc_vector<R: Runtime>(
     tensors: &[(&TensorBinding<R>, &View)],
     elem_size: usize,
 ) -> usize {
-    let w = TC_VECTOR;
-    let ok = tensors.iter().all(|(t, view)| {
+    if vectors_fit(tensors, TC_VECTOR, elem_size) {
+        TC_VECTOR
+    } else {
+        1
+    }
+}
+
+/// Whether every 4-D tensor can move as `w`-element vectors: its last dim contiguous, the strides
+/// of its other dims (past 1) multiples of `w` and its buffer start aligned to `w` elements.
+pub(crate) fn vectors_fit<R: Runtime>(
+    tensors: &[(&TensorBinding<R>, &View)],
+    w: usize,
+    elem_size: usize,
+) -> bool {
+    tensors.iter().all(|(t, view)| {
         let start = t.handle.offset_start.unwrap_or(0);
         view.strides.len() == 4
             && view.stride(3) == 1
             && (0..3).all(|i| view.dim(i) <= 1 || view.stride(i).is_multiple_of(w))
             && start.is_multiple_of((w * elem_size) as u64)
-    });
-    if ok { w } else { 1 }
+    })
 }
 
 /// Where a cube works: batch row `b`, KV head `kh`, the first of its 64 rows `r0` (rows of the
@@ -244,20 +256,6 @@ fn row_at(src: &RowSrc, r: usize, #[comptime] keys: bool) -> usize {
     } else {
         row_offset(src, r)
     }
-}
-
-/// Block 0's keys into `k_s`.
-#[cube]
-fn stage_keys<F: Float, N: Size>(
-    k: &Tensor<Vector<F, N>>,
-    tile: &TcTile,
-    p: &AttnParams,
-    max_vis: usize,
-    k_s: &mut SharedMemory<Vector<F, N>>,
-    #[comptime] cfg: TcCfg,
-) {
-    let keys = load_rows::<F, N>(k, &key_src(tile, &p.k, 0, max_vis), KEY_BLOCK, true, cfg);
-    store_rows::<F, N>(&keys, k_s, KEY_BLOCK, cfg);
 }
 
 /// [`load_rows`]' vectors into `smem` (pitch `d + PAD`).
@@ -831,7 +829,8 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     let blocks = max_vis.div_ceil(KEY_BLOCK);
     // Block 0's keys; the clamped loads need a row to copy (with no block `k_s` is never read).
     if blocks > 0 {
-        stage_keys::<F, N>(k, &tile, &p, max_vis, &mut k_s, cfg);
+        let keys = load_rows::<F, N>(k, &key_src(&tile, &p.k, 0, max_vis), KEY_BLOCK, true, cfg);
+        store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
     }
     sync_cube();
     for kb in 0..blocks {
