@@ -174,10 +174,11 @@ fn forward_dev<R: Runtime>(
     client: &ComputeClient<R>,
     p: &Problem,
     dev: &Dev<R>,
+    execution: SplitExecution,
 ) -> (Fwd, Buf<R>, Buf<R>) {
     let out = alloc_dense(client, &[p.b, p.h, p.q, p.d], p.dt);
     let lse = alloc_dense(client, &[p.b, p.h, p.q], Dt::F32);
-    attention_forward(client, &refs(dev, p), out.b(), lse.b()).expect("forward");
+    attention_forward_with(client, &refs(dev, p), out.b(), lse.b(), execution).expect("forward");
     let n = p.b * p.h * p.q;
     let mut o = read_raw(client, &out, p.dt);
     o.truncate(n * p.d);
@@ -187,12 +188,16 @@ fn forward_dev<R: Runtime>(
 }
 
 fn forward<R: Runtime>(client: &ComputeClient<R>, p: &Problem) -> Fwd {
-    forward_dev(client, p, &upload_problem(client, p)).0
+    forward_with(client, p, SplitExecution::Auto)
+}
+
+fn forward_with<R: Runtime>(client: &ComputeClient<R>, p: &Problem, ex: SplitExecution) -> Fwd {
+    forward_dev(client, p, &upload_problem(client, p), ex).0
 }
 
 fn backward<R: Runtime>(client: &ComputeClient<R>, p: &Problem, grad: &[f32]) -> (Fwd, Grads) {
     let dev = upload_problem(client, p);
-    let (fwd, out, lse) = forward_dev(client, p, &dev);
+    let (fwd, out, lse) = forward_dev(client, p, &dev, SplitExecution::Auto);
     let go = upload(client, grad, &[p.b, p.h, p.q, p.d], p.dt);
     let dq = alloc_dense(client, &[p.b, p.h, p.q, p.d], p.dt);
     let dk = alloc_dense(client, &[p.b, p.kh, p.kv, p.d], p.dt);
@@ -374,6 +379,8 @@ fn reference_grads_f64(p: &Problem, g: &[f32]) -> (Vec<f64>, Vec<f64>, Vec<f64>)
 
 mod mirror {
     use super::Problem;
+    use burn_invariant_cubecl::attention::ATTENTION_KEY_SPLIT as KEY_SPLIT;
+    use std::ops::Range;
 
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
@@ -474,21 +481,45 @@ mod mirror {
     ) -> f32 {
         let d = q.len();
         let q = scaled(q, scale);
+        let mut run: Option<(f32, f32, Vec<f32>)> = None;
+        for s0 in (0..visible).step_by(KEY_SPLIT) {
+            let (m, l, o) = split_state(&q, k, v, s0..visible.min(s0 + KEY_SPLIT));
+            run = Some(match run {
+                None => (m, l, o),
+                Some((rm, rl, mut ro)) => {
+                    let (mx, a, b) = fold_weights(rm, m);
+                    for (acc, &x) in ro.iter_mut().zip(&o) {
+                        *acc = acc.mul_add(a, x * b);
+                    }
+                    (mx, rl.mul_add(a, l * b), ro)
+                }
+            });
+        }
+        let (m, l, o) = run.unwrap_or((f32::NEG_INFINITY, 0.0, vec![0.0; d]));
+        for (dst, &acc) in out.iter_mut().zip(&o) {
+            *dst = acc / l;
+        }
+        m + ln_p(l)
+    }
+
+    /// `(m, l, o)` of the keys `keys` (one split) in blocks of 64 from its first key.
+    fn split_state(q: &[f32], k: &[f32], v: &[f32], keys: Range<usize>) -> (f32, f32, Vec<f32>) {
+        let d = q.len();
         let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
         let mut o = vec![0.0f32; d];
         let mut o_b = vec![0.0f32; d];
         let mut s = [0.0f32; 64];
-        for start in (0..visible).step_by(64) {
-            let keys = start..visible.min(start + 64);
+        for start in keys.clone().step_by(64) {
+            let block = start..keys.end.min(start + 64);
             let mut m_new = m;
-            for (t, j) in keys.clone().enumerate() {
-                s[t] = dot(&q, &k[j * d..(j + 1) * d]);
+            for (t, j) in block.clone().enumerate() {
+                s[t] = dot(q, &k[j * d..(j + 1) * d]);
                 m_new = m_new.max(s[t]);
             }
             let alpha = exp_p(m - m_new);
             let mut l_b = 0.0f32;
             o_b.fill(0.0);
-            for (t, j) in keys.enumerate() {
+            for (t, j) in block.enumerate() {
                 let p = exp_p(s[t] - m_new);
                 l_b += p;
                 for (acc, &vj) in o_b.iter_mut().zip(&v[j * d..(j + 1) * d]) {
@@ -501,10 +532,16 @@ mod mirror {
             }
             m = m_new;
         }
-        for (dst, &acc) in out.iter_mut().zip(&o) {
-            *dst = acc / l;
-        }
-        m + ln_p(l)
+        (m, l, o)
+    }
+
+    /// `(M, a, b)` folding a split with max `m_s` into the running state with max `m`: `M` the
+    /// larger, `a = exp_p(m − M)`, `b = exp_p(m_s − M)`, exactly 1 on the side holding `M`.
+    fn fold_weights(m: f32, m_s: f32) -> (f32, f32, f32) {
+        let mx = if m_s > m { m_s } else { m };
+        let a = if m == mx { 1.0 } else { exp_p(m - mx) };
+        let b = if m_s == mx { 1.0 } else { exp_p(m_s - mx) };
+        (mx, a, b)
     }
 
     /// `(out, lse)`, `out` rounded to the dtype.
@@ -877,6 +914,51 @@ fn chunked_prefill_equals_one_call() {
     });
 }
 
+/// Keys past one split (`ATTENTION_KEY_SPLIT`): values and the Reference's bits (f32, f16) on
+/// ragged rows with NaN past them, and decode = prefill at and around the split boundaries.
+fn long_keys_on<R: Runtime>(client: &ComputeClient<R>) {
+    let kv = 2 * ATTENTION_KEY_SPLIT + 100;
+    for dt in [Dt::F32, Dt::F16] {
+        for causal in [false, true] {
+            // Head size 24: the FMA path on every device, so the Reference's bits for f16 too.
+            let mut p = Problem::new(23, 2, 4, 2, 5, kv, 24, causal, dt)
+                .with_lens(&[kv as i32, ATTENTION_KEY_SPLIT as i32 + 3]);
+            p.poison_past_lens();
+            check_forward(client, &p, &format!("long keys {dt:?} causal={causal}"));
+        }
+    }
+    let p = Problem::new(24, 1, 2, 1, kv, kv, 24, true, Dt::F32);
+    let full = forward(client, &p);
+    decode_rows_equal(client, &p, &full, "long keys");
+}
+
+/// Decode of the queries at and around the split boundaries of `p` (Q = KV, causal; the cache
+/// past the token NaN), each = its row of `full`, bitwise, by every split execution.
+fn decode_rows_equal<R: Runtime>(client: &ComputeClient<R>, p: &Problem, full: &Fwd, what: &str) {
+    let s = ATTENTION_KEY_SPLIT;
+    for t in [s - 1, s, s + 1, 2 * s - 1, 2 * s, p.q - 1] {
+        let mut dec = select_queries(p, t, t + 1).with_lens(&[t as i32 + 1]);
+        dec.poison_past_lens();
+        for ex in [
+            SplitExecution::Auto,
+            SplitExecution::InCube,
+            SplitExecution::Parts,
+        ] {
+            let got = forward_with(client, &dec, ex);
+            let what = format!("{what} decode t={t} {ex:?}");
+            let want = query_slice(&full.out, p, t, t + 1, p.d);
+            assert_bits(&format!("{what} out"), &got.out, &want);
+            let want = query_slice(&full.lse, p, t, t + 1, 1);
+            assert_bits(&format!("{what} lse"), &got.lse, &want);
+        }
+    }
+}
+
+#[test]
+fn long_keys() {
+    with_wgpu("long_keys", long_keys_on);
+}
+
 fn batch_slice(x: &[f32], b: usize, per_row: usize) -> Vec<f32> {
     x[b * per_row..(b + 1) * per_row].to_vec()
 }
@@ -1207,6 +1289,7 @@ fn attention_cuda() {
         }
         decode_equals_prefill_on(client);
         chunked_prefill_equals_one_call_on(client);
+        long_keys_on(client);
         batch_row_and_ragged_invariance_on(client);
         rerun_is_bitwise_equal_on(client);
         backward_padding_rows_change_nothing_on(client);
@@ -1383,6 +1466,51 @@ fn tc_backward_invariance_on<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) 
     }
 }
 
+/// Keys past one split on the tensor cores: each split in a cube of its own then merged = one
+/// cube walking every split, bitwise (values against f64); a ragged row alone = in its batch;
+/// decode at and around the split boundaries = prefill, by every execution.
+#[cfg(feature = "cuda")]
+fn tc_long_keys_on<R: Runtime>(client: &ComputeClient<R>) {
+    let kv = 2 * ATTENTION_KEY_SPLIT + 500;
+    for dt in [Dt::F16, Dt::BF16] {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                let len1 = ATTENTION_KEY_SPLIT as i32 + 477;
+                let mut p =
+                    Problem::new(56, 2, 8, 2, 37, kv, d, causal, dt).with_lens(&[kv as i32, len1]);
+                p.poison_past_lens();
+                let what = format!("tc long keys {dt:?} D={d} causal={causal}");
+                let one = forward_with(client, &p, SplitExecution::InCube);
+                let parts = forward_with(client, &p, SplitExecution::Parts);
+                assert_bits(&format!("{what} parts out"), &parts.out, &one.out);
+                assert_bits(&format!("{what} parts lse"), &parts.lse, &one.lse);
+                if d == 128 {
+                    let (out, lse) = reference_f64(&p);
+                    assert_close(&format!("{what} out"), &one.out, &out, rtol(dt));
+                    assert_close(&format!("{what} lse"), &one.lse, &lse, rtol(dt));
+                }
+                let alone = select_rows(&p, &[1], len1 as usize);
+                let fa = forward(client, &alone);
+                let (qd, ld) = (p.h * p.q * p.d, p.h * p.q);
+                assert_bits(
+                    &format!("{what} row alone out"),
+                    &fa.out,
+                    &batch_slice(&one.out, 1, qd),
+                );
+                assert_bits(
+                    &format!("{what} row alone lse"),
+                    &fa.lse,
+                    &batch_slice(&one.lse, 1, ld),
+                );
+            }
+            let n = 2 * ATTENTION_KEY_SPLIT + 200;
+            let p = Problem::new(57, 1, 8, 2, n, n, d, true, dt);
+            let full = forward_with(client, &p, SplitExecution::InCube);
+            decode_rows_equal(client, &p, &full, &format!("tc long keys {dt:?} D={d}"));
+        }
+    }
+}
+
 /// The tensor-core forward's and backward's checks; on a device without them they run the FMA
 /// kernels.
 #[cfg(feature = "cuda")]
@@ -1392,6 +1520,7 @@ fn attention_tc_cuda() {
         tc_path_is_taken_on(client);
         tc_values_on(client, &[Dt::F16, Dt::BF16]);
         tc_decode_equals_prefill_on(client);
+        tc_long_keys_on(client);
         tc_batch_invariance_on(client, &[Dt::F16, Dt::BF16]);
         tc_backward_invariance_on(client, &[Dt::F16, Dt::BF16]);
     });

@@ -1209,6 +1209,15 @@ macro_rules! invariant_testsuite {
 
         #[test]
         #[serial]
+        fn attention_split_decode_equals_prefill() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::ops::attention_split_decode_equals_prefill::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
         fn attention_batch_invariance() {
             let Some(device) = device() else { return };
             for &dtype in DTYPES {

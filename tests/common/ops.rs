@@ -165,10 +165,22 @@ pub fn attention_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, 
     }
 }
 
-/// Past one split of the Sm90 forward (4096 keys): decode (one CTA per split and a merge) =
-/// prefill (each CTA merging its splits) = chunked prefill, bitwise. On GPUs only (4300² scores).
+/// Past one split of the portable forward (`ATTENTION_KEY_SPLIT`, 1024 keys): decode (on CUDA's
+/// tensor cores one cube per split and a merge) = prefill (each cube folding its splits) =
+/// chunked prefill, bitwise, at the split boundaries.
+pub fn attention_split_decode_equals_prefill<B: InvariantBackend>(
+    device: &B::Device,
+    dtype: DType,
+) {
+    let positions = [0, 1023, 1024, 1025, 2047, 2048, 2099];
+    attention_decode_equals_prefill_at::<B>(device, dtype, 16, 2100, &positions, 1030);
+}
+
+/// Past one split of the Sm90 forward (4096 keys; CubeCl's every 1024): decode (one CTA per
+/// split and a merge) = prefill (each CTA merging its splits) = chunked prefill, bitwise. On
+/// GPUs only (4300² scores).
 pub fn attention_long_decode_equals_prefill<B: InvariantBackend>(device: &B::Device, dtype: DType) {
-    let positions = [0, 4095, 4096, 4097, 4299];
+    let positions = [0, 1023, 1024, 1025, 4095, 4096, 4097, 4299];
     attention_decode_equals_prefill_at::<B>(device, dtype, 128, 4300, &positions, 4100);
 }
 

@@ -133,6 +133,8 @@ fn launch_tc<R: Runtime>(
         causal: c.causal,
         emulate: false,
         split: false,
+        splits: false,
+        part: false,
         // 16-byte loads where Q, K, V and dO allow them; only how bytes travel changes.
         vec: tc_vector(
             &[

@@ -6,12 +6,14 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_WARPS, TcCfg, attention_tc_forward_kernel, tc_forward_supported, tc_split, tc_vector,
+    TC_ROWS, TC_WARPS, TcCfg, attention_tc_forward_kernel, attention_tc_merge_kernel,
+    split_workspace_len, tc_forward_supported, tc_split, tc_vector,
 };
 use super::tile::{
-    AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, RowSrc, S_PAD,
-    SCALE_A, STAGE_LEN, Tile, UNITS, cube_tile, dot_tile, group_base, group_rows, key_rows,
-    kv_base, kv_len_of, load_chunk, max_visible, visible,
+    AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, KEY_SPLIT,
+    RowSrc, S_PAD, SCALE_A, SPLIT_BLOCKS, STAGE_LEN, Tile, UNITS, cube_tile, dot_tile,
+    fold_weights, group_base, group_rows, key_rows, kv_base, kv_len_of, load_chunk, max_visible,
+    visible,
 };
 use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
@@ -23,7 +25,9 @@ use cubecl::prelude::*;
 /// for element the Reference's: keys in blocks of [`super::ATTENTION_KEY_BLOCK`] from key 0,
 /// the last cut at the query's last visible key; per block the score max, `α = exp_p(m − m')`,
 /// `p_j = exp_p(s_j − m')`, `l_b` by ascending adds, `o_b` as an fma chain over the keys, then
-/// `l = fma(l, α, l_b)`, `o = fma(o, α, o_b)`; `out = o / l` rounded once, `lse = m + ln_p(l)`.
+/// `l = fma(l, α, l_b)`, `o = fma(o, α, o_b)`; the walk restarts at every multiple of
+/// [`super::ATTENTION_KEY_SPLIT`] keys and the splits a query sees fold in ascending order
+/// ([`super::tile::fold_weights`]); `out = o / l` rounded once, `lse = m + ln_p(l)`.
 /// Queries with a negative position get zeros and `lse = −∞`. f16 / bf16 where
 /// [`attention_forward_uses_tensor_cores`] says so: the tensor-core forward (the contract's
 /// tensor-core arithmetic, `tc_forward.rs`).
@@ -32,6 +36,33 @@ pub fn attention_forward<R: Runtime>(
     inputs: &AttentionRefs<'_, R>,
     out: &TensorBinding<R>,
     lse: &TensorBinding<R>,
+) -> Result<(), KernelError> {
+    attention_forward_with(client, inputs, out, lse, SplitExecution::Auto)
+}
+
+/// How the tensor-core forward runs keys that span several splits: chosen by speed
+/// (`Auto`), or forced for the tests that check both give the same bits.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitExecution {
+    /// `Parts` where the tiles alone would leave the device idle (decode at a small batch over
+    /// a long cache), else `InCube`.
+    Auto,
+    /// Each cube walks every split of its rows, folding them as it goes.
+    InCube,
+    /// One cube per (tile, split), then a kernel that folds the splits.
+    Parts,
+}
+
+/// [`attention_forward`] with the split execution of the tensor-core forward chosen by the
+/// caller; the FMA forward has one execution.
+#[doc(hidden)]
+pub fn attention_forward_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    out: &TensorBinding<R>,
+    lse: &TensorBinding<R>,
+    execution: SplitExecution,
 ) -> Result<(), KernelError> {
     let c = check_inputs(client, inputs)?;
     let dims = c.dims;
@@ -53,10 +84,18 @@ pub fn attention_forward<R: Runtime>(
         ..c.layouts()
     };
     if tc_forward_supported(client, c.dt, dims.head_dim) {
-        launch_tc(client, inputs, &c, out, lse, &layouts);
+        let outs = TcOutputs {
+            out,
+            lse,
+            execution,
+        };
+        launch_tc(client, inputs, &c, &outs, &layouts);
         return Ok(());
     }
-    let cfg = c.cfg(client, query_rows(&c));
+    let cfg = AttnCfg {
+        splits: dims.kv_len > KEY_SPLIT,
+        ..c.cfg(client, query_rows(&c))
+    };
     let tiles = (dims.group() * dims.q_len).div_ceil(UNITS * cfg.rows);
     let cubes = dims.batch * dims.kv_heads * tiles;
     for (start, len) in launch_chunks(client, 0, cubes, 1) {
@@ -76,18 +115,47 @@ pub fn attention_forward<R: Runtime>(
     Ok(())
 }
 
+/// The tensor-core forward's outputs and how it runs several splits.
+struct TcOutputs<'a, R: Runtime> {
+    out: &'a TensorBinding<R>,
+    lse: &'a TensorBinding<R>,
+    execution: SplitExecution,
+}
+
 /// The tensor-core forward ([`super::tc_forward`]): one cube of 4 warps per 64 rows of a KV
-/// group, or per 16 rows (the warps splitting the columns) where the group has at most 16.
+/// group, or per 16 rows (the warps splitting the columns) where the group has at most 16; with
+/// [`SplitExecution::Parts`] one per (such tile, split of the keys), then the merge.
 fn launch_tc<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &AttentionRefs<'_, R>,
     c: &Checked,
-    out: &TensorBinding<R>,
-    lse: &TensorBinding<R>,
+    outs: &TcOutputs<'_, R>,
     layouts: &Layouts<'_>,
 ) {
     let dims = c.dims;
     let group_rows = dims.group() * dims.q_len;
+    let rows = dims.batch * dims.heads * dims.q_len;
+    let splits = dims.kv_len.div_ceil(KEY_SPLIT).max(1);
+    let tiles = group_rows.div_ceil(if tc_split(group_rows, dims.head_dim) {
+        16
+    } else {
+        TC_ROWS
+    });
+    let cubes = dims.batch * dims.kv_heads * tiles;
+    let ws_len = split_workspace_len(splits, rows, dims.head_dim);
+    // Parts where the tiles fill less than two cubes per SM; a choice that changes no bit.
+    let sms = client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(0) as usize;
+    let parts = splits > 1
+        && ws_len <= i32::MAX as usize
+        && match outs.execution {
+            SplitExecution::Auto => cubes < 2 * sms,
+            SplitExecution::InCube => false,
+            SplitExecution::Parts => true,
+        };
     // The split tiling computes every element as the 64-row one does: it may follow the shape.
     let cfg = TcCfg {
         d: dims.head_dim,
@@ -104,10 +172,14 @@ fn launch_tc<R: Runtime>(
             c.dt.size(),
         ),
         clamped: true,
+        splits: splits > 1 && !parts,
+        part: parts,
     };
-    let tiles = group_rows.div_ceil(cfg.rows());
-    let cubes = dims.batch * dims.kv_heads * tiles;
-    for (start, len) in launch_chunks(client, 0, cubes, 1) {
+    debug_assert_eq!(tiles, group_rows.div_ceil(cfg.rows()));
+    let ws_len = if parts { ws_len } else { 1 };
+    let ws = client.empty(4 * ws_len);
+    let grid = if parts { cubes * splits } else { cubes };
+    for (start, len) in launch_chunks(client, 0, grid, 1) {
         unsafe {
             attention_tc_forward_kernel::launch_unchecked::<R>(
                 client,
@@ -118,8 +190,29 @@ fn launch_tc<R: Runtime>(
                 raw_arg(inputs.key),
                 raw_arg(inputs.value),
                 raw_arg(inputs.kv_lens),
-                raw_arg(out),
-                raw_arg(lse),
+                raw_arg(outs.out),
+                raw_arg(outs.lse),
+                ArrayArg::from_raw_parts(ws.clone(), ws_len),
+                layouts.params(c, start),
+                cfg,
+                c.dt.storage(),
+            );
+        }
+    }
+    if !parts {
+        return;
+    }
+    const MERGE_UNITS: usize = 256;
+    for (start, len) in launch_chunks(client, 0, rows * dims.head_dim, MERGE_UNITS) {
+        unsafe {
+            attention_tc_merge_kernel::launch_unchecked::<R>(
+                client,
+                CubeCount::Static(len.div_ceil(MERGE_UNITS) as u32, 1, 1),
+                CubeDim::new_1d(MERGE_UNITS as u32),
+                ArrayArg::from_raw_parts(ws.clone(), ws_len),
+                raw_arg(inputs.kv_lens),
+                raw_arg(outs.out),
+                raw_arg(outs.lse),
                 layouts.params(c, start),
                 cfg,
                 c.dt.storage(),
@@ -197,22 +290,25 @@ pub(crate) fn attention_forward_kernel<F: Float>(
     let kbase = kv_base(&p.k, &tile);
     let vbase = kv_base(&p.v, &tile);
 
-    // The row owner's (unit `tid < br`, row `first + tid`) running max and sum.
-    let mut m = neg_inf();
-    let mut l = 0.0f32;
-    let mut o = Array::<f32>::new(comptime![cfg.rows * cfg.cols()]);
-    zero(&mut o, comptime![cfg.rows * cfg.cols()]);
+    // The split's state, and the splits folded so far (where the keys span several).
+    let mut cur = softmax_state(cfg);
+    let mut run = softmax_state(cfg);
     let mut s = Array::<f32>::new(comptime![cfg.rows * 4]);
-    for kb in 0..max_vis.div_ceil(KEY_BLOCK) {
+    let blocks = max_vis.div_ceil(KEY_BLOCK);
+    for kb in 0..blocks {
+        if kb > 0 && kb % SPLIT_BLOCKS == 0 {
+            let s0 = kb * KEY_BLOCK - KEY_SPLIT;
+            fold_split(tid, s0, s0 == 0, &mut cur, &mut run, &mut rows, cfg);
+        }
         let j0 = kb * KEY_BLOCK;
         let bend = min(j0 + KEY_BLOCK, max_vis);
         let ksrc = key_rows(kbase, j0, bend, &p.k);
         block_scores::<F>(
             &ins.q, &qsrc, &ins.k, &ksrc, p.scale, &mut stage, &mut s, &mut ss, cfg,
         );
-        block_max(tid, &ss, j0, m, &mut rows, cfg);
+        block_max(tid, &ss, j0, cur.m, &mut rows, cfg);
         probabilities(&s, &rows, &mut ss, cfg);
-        update_sum(tid, &ss, &rows, &mut m, &mut l, cfg);
+        update_sum(tid, &ss, &rows, &mut cur, cfg);
         let vsrc = key_rows(vbase, j0, bend, &p.v);
         accumulate_pv::<F>(
             &ins.v,
@@ -222,15 +318,110 @@ pub(crate) fn attention_forward_kernel<F: Float>(
             &ss,
             &rows,
             &mut stage,
-            &mut o,
+            &mut cur.o,
             cfg,
         );
         // The next block rewrites the scores (needed where no chunk loop ran: D = 0).
         sync_cube();
     }
-    write_lse(&mut outs.lse, tid, &tile, m, l, &mut rows, &p, cfg);
+    if blocks > SPLIT_BLOCKS {
+        let s0 = (blocks - 1) / SPLIT_BLOCKS * KEY_SPLIT;
+        fold_split(tid, s0, false, &mut cur, &mut run, &mut rows, cfg);
+        adopt(&mut cur, &run, cfg);
+    }
+    write_lse(&mut outs.lse, tid, &tile, cur.m, cur.l, &mut rows, &p, cfg);
     sync_cube();
-    write_out::<F>(&mut outs.out, &o, &tile, &rows, &p, cfg);
+    write_out::<F>(&mut outs.out, &cur.o, &tile, &rows, &p, cfg);
+}
+
+/// A softmax state: the row owner's (unit `tid < 16·rows`, row `first + tid`) max and sum,
+/// every unit's `o` accumulators.
+#[derive(CubeType)]
+struct Softmax {
+    m: f32,
+    l: f32,
+    o: Array<f32>,
+}
+
+/// A fresh state: `m = −∞`, `l = 0`, `o = 0`.
+#[cube]
+fn softmax_state(#[comptime] cfg: AttnCfg) -> Softmax {
+    let mut o = Array::<f32>::new(comptime![cfg.rows * cfg.cols()]);
+    zero(&mut o, comptime![cfg.rows * cfg.cols()]);
+    Softmax {
+        m: neg_inf(),
+        l: 0.0f32,
+        o,
+    }
+}
+
+/// `cur = run`: the folded splits as the result (where `cfg.splits`).
+#[cube]
+fn adopt(cur: &mut Softmax, run: &Softmax, #[comptime] cfg: AttnCfg) {
+    if comptime![cfg.splits] {
+        cur.m = run.m;
+        cur.l = run.l;
+        #[unroll]
+        for x in 0..comptime![cfg.rows * cfg.cols()] {
+            cur.o[x] = run.o[x];
+        }
+    }
+}
+
+/// At a split boundary: the finished split `cur` (its keys from `s0`) folded into `run` for the
+/// rows that see one of its keys (taken as it is where it is the `first`), then `cur` restarts.
+/// Only where `cfg.splits` (no row sees a key past the first split otherwise).
+#[cube]
+fn fold_split(
+    tid: usize,
+    s0: usize,
+    first: bool,
+    cur: &mut Softmax,
+    run: &mut Softmax,
+    rows: &mut RowShared,
+    #[comptime] cfg: AttnCfg,
+) {
+    if comptime![cfg.splits] {
+        let emulate = comptime![cfg.emulate];
+        if tid < comptime![UNITS * cfg.rows] {
+            let seen = (s0 as u32) < rows.vis[tid];
+            let mut a = 1.0f32;
+            let mut b = 1.0f32;
+            if first {
+                run.m = cur.m;
+                run.l = cur.l;
+            } else if seen {
+                let (mx, wa, wb) = fold_weights(run.m, cur.m, false, emulate);
+                run.l = fma_f32(run.l, wa, cur.l * wb, emulate);
+                run.m = mx;
+                a = wa;
+                b = wb;
+            }
+            rows.al[tid] = a;
+            rows.mx[tid] = b;
+            rows.cnt[tid] = u32::cast_from(first || seen);
+            cur.m = neg_inf();
+            cur.l = 0.0f32;
+        }
+        sync_cube();
+        let ty = UNIT_POS_Y as usize;
+        let ncol = comptime![cfg.cols()];
+        #[unroll]
+        for i in 0..comptime![cfg.rows] {
+            let row = ty + i * UNITS;
+            let take = rows.cnt[row] > 0u32;
+            #[unroll]
+            for c in 0..ncol {
+                let x = i * ncol + c;
+                if first {
+                    run.o[x] = cur.o[x];
+                } else if take {
+                    run.o[x] = fma_f32(run.o[x], rows.al[row], cur.o[x] * rows.mx[row], emulate);
+                }
+                cur.o[x] = 0.0f32;
+            }
+        }
+    }
 }
 
 /// `n` zeros into `a`.
@@ -360,8 +551,7 @@ fn update_sum(
     tid: usize,
     ss: &SharedMemory<f32>,
     rows: &RowShared,
-    m: &mut f32,
-    l: &mut f32,
+    cur: &mut Softmax,
     #[comptime] cfg: AttnCfg,
 ) {
     if tid < comptime![UNITS * cfg.rows] {
@@ -371,8 +561,8 @@ fn update_sum(
             for j in 0..cnt {
                 lb += ss[tid * S_PAD + j];
             }
-            *l = fma_f32(*l, rows.al[tid], lb, comptime![cfg.emulate]);
-            *m = rows.mx[tid];
+            cur.l = fma_f32(cur.l, rows.al[tid], lb, comptime![cfg.emulate]);
+            cur.m = rows.mx[tid];
         }
     }
 }

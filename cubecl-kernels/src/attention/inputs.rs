@@ -230,6 +230,7 @@ impl Checked {
             rows,
             causal: self.causal,
             emulate: fma_mode(client) == FmaMode::Emulated,
+            splits: false,
         }
     }
 }

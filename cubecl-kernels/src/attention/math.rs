@@ -76,6 +76,13 @@ pub(crate) fn neg_inf() -> f32 {
     c(NEG_INF)
 }
 
+/// `e^x` by the hardware exponential (`__expf`: `ex2.approx` of `x·log2 e`); 0 for −∞. The
+/// tensor-core forward's exponential (not portable: a fixed function of `x` on a device).
+#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
+pub(crate) fn fast_exp(x: f32) -> f32 {
+    f32::exp(x)
+}
+
 /// `eˣ` as the Reference's `exp_p`: 0 below −86 (−∞ included), +∞ above 88, NaN for NaN;
 /// otherwise `n = floor(fma(x, log2 e, 0.5))`, `r = fma(−n, LN2_HI, x)`,
 /// `r = fma(−n, LN2_LO, r)`, the degree-7 Taylor polynomial by Horner's rule in `fma`, times `2ⁿ`

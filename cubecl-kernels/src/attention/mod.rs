@@ -32,8 +32,7 @@ mod tile;
 pub use backward::attention_backward;
 pub use forward::attention_forward;
 #[doc(hidden)]
-#[doc(hidden)]
-pub use forward::attention_forward_uses_tensor_cores;
+pub use forward::{SplitExecution, attention_forward_uses_tensor_cores, attention_forward_with};
 
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
@@ -42,6 +41,9 @@ use cubecl::prelude::*;
 
 /// Keys are walked in blocks of this many from key 0 (the contract's `ATTENTION_KEY_BLOCK`).
 pub const ATTENTION_KEY_BLOCK: usize = 64;
+/// The forward's softmax restarts every this many keys from key 0 and the splits a query sees
+/// merge in ascending order (the contract's `ATTENTION_KEY_SPLIT`).
+pub const ATTENTION_KEY_SPLIT: usize = tile::KEY_SPLIT;
 /// Largest head size the kernels take.
 pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
 

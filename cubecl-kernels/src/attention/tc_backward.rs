@@ -21,10 +21,11 @@
 //! `p` and `dS` are selected to 0), and dK/dV loads query blocks from clamped rows before zeroing
 //! the rows that take no part.
 
+use super::math::fast_exp;
 use super::tc_forward::{
     LANES, S_FRAGS, TC_ROWS, TC_THREADS, TcCfg, TcTile, a_fragment, a_fragments, accumulate_pv,
-    fast_exp, group_row_at, group_src, key_src, lane_group_row, load_rows, probabilities,
-    score_step, scores, store_rows, tc_tile, warp_min_visible, warp_origin, zero_frags,
+    group_row_at, group_src, key_src, lane_group_row, load_rows, probabilities, score_step, scores,
+    store_rows, tc_tile, warp_min_visible, warp_origin, zero_frags,
 };
 use super::tile::{
     AttnParams, KEY_BLOCK, KvGrads, RowState, key_rows, kv_len_of, load_row_state, row_state,
@@ -336,6 +337,25 @@ fn store_dkv<F: Float>(
     }
 }
 
+/// The first block of 64 queries with a row that can see key `k0` (the blocks before it add
+/// nothing: their rows see fewer keys): causal, row `i` sees `k0` from `i = k0 + Q − len`;
+/// otherwise every row with a position (`i ≥ Q − len`) sees it where `k0 < len`, none else.
+#[cube]
+fn first_query_block(k0: usize, len: usize, q_len: usize, #[comptime] causal: bool) -> usize {
+    let mut first = q_len;
+    if k0 < len {
+        let mut from = q_len;
+        if comptime![causal] {
+            from += k0;
+        }
+        first = 0usize;
+        if from > len {
+            first = from - len;
+        }
+    }
+    first / TC_ROWS
+}
+
 /// dK/dV (see the module's documentation).
 #[cube(launch_unchecked)]
 pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
@@ -359,6 +379,7 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
         r0: k0,
         gq: 0usize,
         len: 0i32,
+        split: 0usize,
     };
     let smem_len = comptime![KEY_BLOCK * cfg.pitch() / cfg.vec];
     let mut k_s = SharedMemory::<Vector<F, N>>::new_aligned(smem_len, 16usize);
@@ -374,10 +395,11 @@ pub(crate) fn attention_tc_dkv_kernel<F: Float, N: Size>(
     let mut dk = zero_frags(comptime![cfg.d / 8]);
     let mut dv = zero_frags(comptime![cfg.d / 8]);
     let q_len = p.q_len as usize;
+    let qb0 = first_query_block(k0, len, q_len, comptime![cfg.causal]);
     for hq in 0..p.group as usize {
         let head = kh * p.group as usize + hq;
         let row_base = (b * p.heads as usize + head) * q_len;
-        for qb in 0..q_len.div_ceil(TC_ROWS) {
+        for qb in qb0..q_len.div_ceil(TC_ROWS) {
             let i0 = qb * TC_ROWS;
             // Also orders the previous block's reads of q_s / g_s before this block's stores.
             let block_vis = block_row_state(&ins.ws, row_base, i0, q_len, &mut rows);

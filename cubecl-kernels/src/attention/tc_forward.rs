@@ -11,6 +11,12 @@
 //! The softmax takes the block max on the raw scores and `p = exp(fma(S, |scale|, −m'))` with the
 //! hardware exponential; the masking selects run only in blocks where a row of the warp stops.
 //!
+//! Keys past one split ([`KEY_SPLIT`]): the rows restart at each split boundary after folding
+//! the finished split into a state each unit parks in shared memory (`splits`), or, where the
+//! tiles alone would leave the device idle (decode at a small batch over a long cache), one cube
+//! per (tile, split) writes its split's state to a workspace and a merge kernel folds them in
+//! the same order with the same operations (`part`): the same bits either way.
+//!
 //! Why the bits stay batch-invariant (docs/CONTRACT.md, *attention semantics*): an MMA output
 //! row depends only on its own A row, so a row's scores, its softmax state and its `o` come from
 //! its own query, the keys and values of the pinned key blocks and the pinned 16-deep k order
@@ -21,9 +27,10 @@
 //! cube's last visible key, hence past `kv_lens`) are staged as copies of that last key (whole
 //! 16-byte moves, no per-lane zeroing), never read past it.
 
-use super::math::{div_rn, ln_p, neg_inf};
+use super::math::{div_rn, fast_exp, ln_p, neg_inf};
 use super::tile::{
-    AttnParams, KEY_BLOCK, RowSrc, Strides4, key_rows, kv_len_of, row_offset, visible,
+    AttnParams, KEY_BLOCK, KEY_SPLIT, RowSrc, SPLIT_BLOCKS, Strides4, fold_weights, key_rows,
+    kv_len_of, row_offset, visible,
 };
 use crate::util::{FloatDType, View};
 
@@ -63,6 +70,12 @@ pub(crate) struct TcCfg {
     /// select: the forward's staging (its masked keys get `p = 0`, a copy costs nothing). The
     /// backward stages zeros: its inactive rows may hold NaN padding within the limit.
     pub clamped: bool,
+    /// The keys span more than one split: the cube folds each finished split into a state parked
+    /// in shared memory ([`fold_split`]).
+    pub splits: bool,
+    /// One split per cube: its unnormalised state to the workspace, folded by
+    /// [`attention_tc_merge_kernel`].
+    pub part: bool,
 }
 
 impl TcCfg {
@@ -93,6 +106,17 @@ impl TcCfg {
             self.d
         }
     }
+    /// f32 words a unit parks for [`fold_split`]: its `o` pairs of both rows, then `m`, `l` of
+    /// row 0 and of row 1.
+    fn parked(&self) -> usize {
+        self.cols() / 2 + 4
+    }
+}
+
+/// Shared memory (bytes) of the tensor-core forward for `head_dim` keys of `elem` bytes: K and V
+/// tiles, the rows' visible keys, and the parked split states.
+fn tc_forward_shared(head_dim: usize, elem: usize) -> usize {
+    2 * KEY_BLOCK * (head_dim + PAD) * elem + 4 * TC_ROWS + 4 * TC_THREADS * (head_dim / 2 + 4)
 }
 
 /// Whether a cube may take 16 rows with the warps splitting the columns: few rows per KV head
@@ -120,7 +144,7 @@ pub(crate) fn tc_forward_supported<R: Runtime>(
     head_dim: usize,
 ) -> bool {
     let half = matches!(dtype, FloatDType::F16 | FloatDType::BF16);
-    let shared = 2 * KEY_BLOCK * (head_dim + PAD) * dtype.size() + 4 * TC_ROWS;
+    let shared = tc_forward_shared(head_dim, dtype.size());
     let hw = &client.properties().hardware;
     half && head_dim > 0
         && head_dim.is_multiple_of(16)
@@ -174,7 +198,8 @@ pub(crate) fn vectors_fit<R: Runtime>(
 }
 
 /// Where a cube works: batch row `b`, KV head `kh`, the first of its 64 rows `r0` (rows of the
-/// KV head's group, `r = local_head·Q + i`), the group's rows `gq`, the row's valid keys `len`.
+/// KV head's group, `r = local_head·Q + i`), the group's rows `gq`, the row's valid keys `len`,
+/// and its split of the keys (0 unless [`TcCfg::part`]).
 #[derive(CubeType, Clone, Copy)]
 pub(super) struct TcTile {
     pub b: usize,
@@ -182,6 +207,7 @@ pub(super) struct TcTile {
     pub r0: usize,
     pub gq: usize,
     pub len: i32,
+    pub split: usize,
 }
 
 /// The running softmax state of one of a lane's two rows: max `m`, sum `l`, the last block's
@@ -202,7 +228,13 @@ pub(super) fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: Tc
     let q_len = p.q_len as usize;
     let gq = p.group as usize * q_len;
     let tiles = gq.div_ceil(rows);
-    let cube = p.offset as usize + CUBE_POS_X as usize;
+    let mut cube = p.offset as usize + CUBE_POS_X as usize;
+    let mut split = 0usize;
+    if comptime![cfg.part] {
+        let splits = (p.kv_len as usize).div_ceil(KEY_SPLIT);
+        split = cube % splits;
+        cube /= splits;
+    }
     let bkh = cube / tiles;
     let b = bkh / p.kv_heads as usize;
     TcTile {
@@ -211,6 +243,7 @@ pub(super) fn tc_tile(kv_lens: &Tensor<i32>, p: &AttnParams, #[comptime] cfg: Tc
         r0: (tiles - 1 - cube % tiles) * rows,
         gq,
         len: kv_len_of(kv_lens, b * p.lens as usize, p.kv_len),
+        split,
     }
 }
 
@@ -539,12 +572,6 @@ pub(super) fn quad_sum(x: f32) -> f32 {
     x + plane_shuffle_xor(x, 2u32)
 }
 
-/// `e^x` by the hardware exponential (`__expf`: `ex2.approx` of `x·log2 e`); 0 for −∞.
-#[cube(fast_math = FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf)]
-pub(super) fn fast_exp(x: f32) -> f32 {
-    f32::exp(x)
-}
-
 /// The largest raw score of the lane's row `h` (`g + 8h`) in the block, over the keys it sees
 /// where `masked` (a select, never an offset), −∞ for none.
 #[cube]
@@ -785,6 +812,239 @@ fn store_lse(
     }
 }
 
+/// At a split boundary: the finished split (its keys from `s0`) folded into the parked state for
+/// the lane's rows that see one of its keys (taken as it is where it is the `first`), then the
+/// rows restart (`m = −∞`, `l = 0`, `o = 0`). Each unit parks its own words: no barrier. Only
+/// where `cfg.splits` (nothing otherwise).
+#[cube]
+fn fold_split(
+    s0: usize,
+    first: bool,
+    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    r0: &mut Row,
+    r1: &mut Row,
+    park: &mut SharedMemory<f32>,
+    #[comptime] cfg: TcCfg,
+) {
+    if comptime![cfg.splits] {
+        fold_row(s0, first, o, r0, park, 0usize, cfg);
+        fold_row(s0, first, o, r1, park, 1usize, cfg);
+        #[unroll]
+        for j in 0..comptime![cfg.cols() / 8] {
+            let frag = o.index_mut(j);
+            frag[0] = Vector::new(0.0f32);
+            frag[1] = Vector::new(0.0f32);
+        }
+    }
+}
+
+/// [`fold_split`] for the lane's row `h`: `M = max`, `l = fma(L, a, l·b)`, `o = fma(O, a, o·b)`
+/// ([`fold_weights`]).
+#[cube]
+fn fold_row(
+    s0: usize,
+    first: bool,
+    o: &Sequence<Array<Vector<f32, Const<2>>>>,
+    row: &mut Row,
+    park: &mut SharedMemory<f32>,
+    #[comptime] h: usize,
+    #[comptime] cfg: TcCfg,
+) {
+    let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
+    let n = comptime![cfg.cols() / 8];
+    let at_m = comptime![(cfg.cols() / 2 + 2 * h) * TC_THREADS] + tid;
+    let at_l = at_m + TC_THREADS;
+    if first {
+        park[at_m] = row.m;
+        park[at_l] = row.l;
+        #[unroll]
+        for j in 0..n {
+            let pair = o.index(j)[h];
+            #[unroll]
+            for c in 0..2usize {
+                park[comptime![((j * 2 + h) * 2 + c) * TC_THREADS] + tid] = pair[c];
+            }
+        }
+    } else if (s0 as u32) < row.vis {
+        let (mx, a, b) = fold_weights(park[at_m], row.m, true, false);
+        park[at_l] = fma(park[at_l], a, row.l * b);
+        park[at_m] = mx;
+        #[unroll]
+        for j in 0..n {
+            let pair = o.index(j)[h];
+            #[unroll]
+            for c in 0..2usize {
+                let at = comptime![((j * 2 + h) * 2 + c) * TC_THREADS] + tid;
+                park[at] = fma(park[at], a, pair[c] * b);
+            }
+        }
+    }
+    row.m = neg_inf();
+    row.l = 0.0f32;
+    row.alpha = 1.0f32;
+}
+
+/// The parked state back into the lane's rows and `o` (where `cfg.splits`).
+#[cube]
+fn unpark(
+    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    r0: &mut Row,
+    r1: &mut Row,
+    park: &SharedMemory<f32>,
+    #[comptime] cfg: TcCfg,
+) {
+    if comptime![cfg.splits] {
+        let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
+        let ml = comptime![cfg.cols() / 2 * TC_THREADS] + tid;
+        r0.m = park[ml];
+        r0.l = park[ml + TC_THREADS];
+        r1.m = park[ml + 2 * TC_THREADS];
+        r1.l = park[ml + 3 * TC_THREADS];
+        #[unroll]
+        for j in 0..comptime![cfg.cols() / 8] {
+            let frag = o.index_mut(j);
+            #[unroll]
+            for h in 0..2usize {
+                let mut pair = frag[h];
+                #[unroll]
+                for c in 0..2usize {
+                    pair[c] = park[comptime![((j * 2 + h) * 2 + c) * TC_THREADS] + tid];
+                }
+                frag[h] = pair;
+            }
+        }
+    }
+}
+
+/// Words of the split workspace: per (split, row of `B·H·Q`) the unnormalised `o` (Dh words),
+/// then per (split, row) `m` and `l`.
+pub(crate) fn split_workspace_len(splits: usize, rows: usize, head_dim: usize) -> usize {
+    splits * rows * (head_dim + 2)
+}
+
+/// [`TcCfg::part`]: row `h`'s state of the cube's split into the workspace, at row
+/// `(b·KH + kh)·gq + r` of split `tile.split` (`m`, `l` by one lane).
+#[cube]
+fn store_partial(
+    ws: &mut Array<f32>,
+    o: &Sequence<Array<Vector<f32, Const<2>>>>,
+    row: &Row,
+    tile: &TcTile,
+    p: &AttnParams,
+    #[comptime] h: usize,
+    #[comptime] cfg: TcCfg,
+) {
+    let t = UNIT_POS_X as usize % 4;
+    let (_, col0) = warp_origin(cfg);
+    let r = lane_group_row(tile, h, cfg);
+    if r < tile.gq {
+        let rows = p.batch as usize * p.kv_heads as usize * tile.gq;
+        let at = tile.split * rows + (tile.b * p.kv_heads as usize + tile.kh) * tile.gq + r;
+        #[unroll]
+        for j in 0..comptime![cfg.cols() / 8] {
+            let pair = o.index(j)[h];
+            #[unroll]
+            for c in 0..2usize {
+                ws[at * comptime![cfg.d] + col0 + j * 8 + 2 * t + c] = pair[c];
+            }
+        }
+        if t == 0 && col0 == 0 {
+            let ml = (p.kv_len as usize).div_ceil(KEY_SPLIT) * rows * comptime![cfg.d] + 2 * at;
+            ws[ml] = row.m;
+            ws[ml + 1] = row.l;
+        }
+    }
+}
+
+/// The splits' states of [`TcCfg::part`] cubes folded per output element (one unit per (row,
+/// column), rows as the workspace's) in ascending order as [`fold_split`] folds them (split 0
+/// as it is, then each split the row sees), then [`store_row`]'s and [`store_lse`]'s epilogue.
+#[cube(launch_unchecked)]
+pub(crate) fn attention_tc_merge_kernel<F: Float>(
+    ws: &Array<f32>,
+    kv_lens: &Tensor<i32>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
+    p: AttnParams,
+    #[comptime] cfg: TcCfg,
+    #[define(F)] _dtype: StorageType,
+) {
+    let d = comptime![cfg.d];
+    let q_len = p.q_len as usize;
+    let gq = p.group as usize * q_len;
+    let rows = p.batch as usize * p.kv_heads as usize * gq;
+    let g = p.offset as usize + ABSOLUTE_POS;
+    if g < rows * d {
+        let (row, col) = (g / d, g % d);
+        let r = row % gq;
+        let bkh = row / gq;
+        let tile = TcTile {
+            b: bkh / p.kv_heads as usize,
+            kh: bkh % p.kv_heads as usize,
+            r0: 0usize,
+            gq,
+            len: 0i32,
+            split: 0usize,
+        };
+        let len = kv_len_of(kv_lens, tile.b * p.lens as usize, p.kv_len);
+        let vis = visible(len, p.q_len, r % q_len, comptime![cfg.causal]);
+        let splits = (p.kv_len as usize).div_ceil(KEY_SPLIT);
+        let ml = splits * rows * d;
+        let mut m = ws[ml + 2 * row];
+        let mut l = ws[ml + 2 * row + 1];
+        let mut o = ws[row * d + col];
+        for s in 1..splits {
+            if ((s * KEY_SPLIT) as u32) < vis {
+                let at = s * rows + row;
+                let (mx, a, b) = fold_weights(m, ws[ml + 2 * at], true, false);
+                l = fma(l, a, ws[ml + 2 * at + 1] * b);
+                o = fma(o, a, ws[at * d + col] * b);
+                m = mx;
+            }
+        }
+        let x = div_rn(o, l, comptime![cfg.emulate]);
+        let x = select(vis > 0u32 && x != 0.0f32, x, 0.0f32);
+        out[group_row_at(&tile, &p.o, &p, r) + col * p.o.d as usize] = F::cast_from(x);
+        if col == 0 {
+            let mut val = neg_inf();
+            if vis > 0u32 {
+                val = m + ln_p(l, comptime![cfg.emulate]);
+            }
+            lse[group_row_at(&tile, &p.lse, &p, r)] = val;
+        }
+    }
+}
+
+/// A row's state before its first key: `m = −∞`, `l = 0`, `α = 1`.
+#[cube]
+fn fresh_row(vis: u32) -> Row {
+    Row {
+        m: neg_inf(),
+        l: 0.0f32,
+        alpha: 1.0f32,
+        vis,
+    }
+}
+
+/// The cube's walk over `blocks` (up to the last block any row of the cube sees; a block a
+/// row cannot see changes nothing of it): its blocks `kb0 .. kb1` (the cube's split with
+/// `part`) in steps of `span` blocks, one split where the cube folds them (the fold outside
+/// the block loop keeps `o` in the same registers through it), else one step.
+#[cube]
+fn walk_plan(tile: &TcTile, blocks: usize, #[comptime] cfg: TcCfg) -> (usize, usize, usize) {
+    let mut kb0 = 0usize;
+    let mut kb1 = blocks;
+    if comptime![cfg.part] {
+        kb0 = min(tile.split * SPLIT_BLOCKS, blocks);
+        kb1 = min(kb0 + SPLIT_BLOCKS, blocks);
+    }
+    let mut span = max(blocks, 1usize);
+    if comptime![cfg.splits] {
+        span = SPLIT_BLOCKS;
+    }
+    (kb0, kb1, span)
+}
+
 /// The tensor-core forward (see the module's documentation).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)] // the kernel's bindings; the scalars travel in `p`
@@ -795,6 +1055,7 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     kv_lens: &Tensor<i32>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<f32>,
+    ws: &mut Array<f32>,
     p: AttnParams,
     #[comptime] cfg: TcCfg,
     #[define(F)] _dtype: StorageType,
@@ -805,64 +1066,73 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     let mut k_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
     let mut v_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
     let mut vis_s = SharedMemory::<u32>::new(TC_ROWS);
+    let mut park = SharedMemory::<f32>::new(comptime![if cfg.splits {
+        cfg.parked() * TC_THREADS
+    } else {
+        1
+    }]);
     let (max_vis, warp_vis) = row_visibility(&tile, &p, &mut vis_s, cfg);
     let (max_vis, warp_vis) = (max_vis as usize, warp_vis as usize);
     let qa = query_fragments::<F, N>(q, &tile, &p, &mut k_s, cfg);
     let a = f32::abs(p.scale);
     let (row0, _) = warp_origin(cfg);
     let row = row0 + UNIT_POS_X as usize / 4;
-    let mut r0 = Row {
-        m: neg_inf(),
-        l: 0.0f32,
-        alpha: 1.0f32,
-        vis: vis_s[row],
-    };
-    let mut r1 = Row {
-        m: neg_inf(),
-        l: 0.0f32,
-        alpha: 1.0f32,
-        vis: vis_s[row + 8],
-    };
+    let mut r0 = fresh_row(vis_s[row]);
+    let mut r1 = fresh_row(vis_s[row + 8]);
     let mut o = zero_frags(comptime![cfg.cols() / 8]);
-    // Up to the last block any row of the cube sees; a block a row cannot see changes nothing
-    // of it. Rows at or past `max_vis` load as zeros (the last block's "next keys" too).
-    let blocks = max_vis.div_ceil(KEY_BLOCK);
-    // Block 0's keys; the clamped loads need a row to copy (with no block `k_s` is never read).
-    if blocks > 0 {
-        let keys = load_rows::<F, N>(k, &key_src(&tile, &p.k, 0, max_vis), KEY_BLOCK, true, cfg);
+    let (kb0, kb1, span) = walk_plan(&tile, max_vis.div_ceil(KEY_BLOCK), cfg);
+    let mut steps = 0usize;
+    if kb1 > kb0 {
+        steps = (kb1 - kb0).div_ceil(span);
+        // The first block's keys; the clamped loads need a row to copy (with no block `k_s`
+        // is never read).
+        let first = key_src(&tile, &p.k, kb0 * KEY_BLOCK, max_vis);
+        let keys = load_rows::<F, N>(k, &first, KEY_BLOCK, true, cfg);
         store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
     }
     sync_cube();
-    for kb in 0..blocks {
-        let j0 = kb * KEY_BLOCK;
-        // This block's values in flight while its scores and softmax run.
-        let values = load_rows::<F, N>(v, &key_src(&tile, &p.v, j0, max_vis), KEY_BLOCK, true, cfg);
-        let mut s = scores::<F, N>(&k_s, &qa, cfg);
-        let masked = j0 + KEY_BLOCK > warp_vis;
-        softmax_row(&mut s, &mut r0, j0, a, masked, 0usize);
-        softmax_row(&mut s, &mut r1, j0, a, masked, 1usize);
-        // `o·1` is exact: skipped where no row of the warp grew its max.
-        if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
-            rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
+    for step in 0..steps {
+        let from = kb0 + step * span;
+        for kb in from..min(from + span, kb1) {
+            let j0 = kb * KEY_BLOCK;
+            // This block's values in flight while its scores and softmax run.
+            let src = key_src(&tile, &p.v, j0, max_vis);
+            let values = load_rows::<F, N>(v, &src, KEY_BLOCK, true, cfg);
+            let mut s = scores::<F, N>(&k_s, &qa, cfg);
+            let masked = j0 + KEY_BLOCK > warp_vis;
+            softmax_row(&mut s, &mut r0, j0, a, masked, 0usize);
+            softmax_row(&mut s, &mut r1, j0, a, masked, 1usize);
+            // `o·1` is exact: skipped where no row of the warp grew its max.
+            if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
+                rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
+            }
+            let pa = probabilities::<F>(&s);
+            store_rows::<F, N>(&values, &mut v_s, KEY_BLOCK, cfg);
+            sync_cube();
+            // The next block's keys in flight while `P·V` runs (`k_s` is free past the
+            // barrier).
+            let src = key_src(&tile, &p.k, j0 + KEY_BLOCK, max_vis);
+            let keys = load_rows::<F, N>(k, &src, KEY_BLOCK, true, cfg);
+            accumulate_pv::<F, N>(&v_s, &pa, &mut o, cfg);
+            store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
+            sync_cube();
         }
-        let pa = probabilities::<F>(&s);
-        store_rows::<F, N>(&values, &mut v_s, KEY_BLOCK, cfg);
-        sync_cube();
-        // The next block's keys in flight while `P·V` runs (`k_s` is free past the barrier).
-        let next = j0 + KEY_BLOCK;
-        let keys = load_rows::<F, N>(
-            k,
-            &key_src(&tile, &p.k, next, max_vis),
-            KEY_BLOCK,
-            true,
-            cfg,
-        );
-        accumulate_pv::<F, N>(&v_s, &pa, &mut o, cfg);
-        store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
-        sync_cube();
+        // (Only where `cfg.splits`: `span` is the whole walk otherwise.)
+        if steps > 1 {
+            let s0 = step * KEY_SPLIT;
+            fold_split(s0, step == 0, &mut o, &mut r0, &mut r1, &mut park, cfg);
+        }
     }
-    store_row::<F>(out, &o, &r0, &tile, &p, 0usize, cfg);
-    store_row::<F>(out, &o, &r1, &tile, &p, 1usize, cfg);
-    store_lse(lse, &r0, &tile, &p, 0usize, cfg);
-    store_lse(lse, &r1, &tile, &p, 1usize, cfg);
+    if steps > 1 {
+        unpark(&mut o, &mut r0, &mut r1, &park, cfg);
+    }
+    if comptime![cfg.part] {
+        store_partial(ws, &o, &r0, &tile, &p, 0usize, cfg);
+        store_partial(ws, &o, &r1, &tile, &p, 1usize, cfg);
+    } else {
+        store_row::<F>(out, &o, &r0, &tile, &p, 0usize, cfg);
+        store_row::<F>(out, &o, &r1, &tile, &p, 1usize, cfg);
+        store_lse(lse, &r0, &tile, &p, 0usize, cfg);
+        store_lse(lse, &r1, &tile, &p, 1usize, cfg);
+    }
 }

@@ -3,6 +3,7 @@
 // #[cube] helpers take each tensor, source and tile as its own argument (expanded inline).
 #![allow(clippy::too_many_arguments)]
 
+use super::math::{exp_p, fast_exp};
 use crate::gemm::fma::fma_f32;
 use cubecl::prelude::*;
 
@@ -12,6 +13,12 @@ pub(crate) const UNITS: usize = 16;
 pub(crate) const THREADS: usize = UNITS * UNITS;
 /// Keys per block (`ATTENTION_KEY_BLOCK`).
 pub(crate) const KEY_BLOCK: usize = 64;
+/// Keys per split (`ATTENTION_KEY_SPLIT`): the forward's softmax restarts at every multiple of
+/// it and the splits merge in ascending order ([`fold_weights`]), so a split can run in a cube of
+/// its own (long decode) with the bits of one cube walking them all.
+pub(crate) const KEY_SPLIT: usize = 1024;
+/// Key blocks per split.
+pub(crate) const SPLIT_BLOCKS: usize = KEY_SPLIT / KEY_BLOCK;
 /// Depth (in d) of one shared-memory stage of a score tile.
 pub(crate) const DK: usize = 16;
 /// Row pitch of a staged score operand (padded against bank conflicts).
@@ -120,13 +127,14 @@ pub(crate) struct KvGrads<F: Float> {
 }
 
 /// Compile-time configuration: head size, rows per unit (the cube's row tile is `16·rows`),
-/// causal masking, `fma` emulation.
+/// causal masking, `fma` emulation, and (forward) whether the keys span more than one split.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct AttnCfg {
     pub d: usize,
     pub rows: usize,
     pub causal: bool,
     pub emulate: bool,
+    pub splits: bool,
 }
 
 impl AttnCfg {
@@ -285,6 +293,30 @@ pub(crate) fn max_visible(vis_s: &SharedMemory<u32>, #[comptime] n: usize) -> us
         max_vis = max(max_vis, vis_s[rr]);
     }
     max_vis as usize
+}
+
+/// The weights that fold a split's softmax state (max `m_s`) into the running one (max `m`):
+/// `(M, a, b)` with `M` the larger, `a = exp(m − M)`, `b = exp(m_s − M)`, each exactly 1 on the
+/// side that holds `M` (no NaN from `−∞ − −∞`); then `l = fma(l, a, l_s·b)`, `o = fma(o, a,
+/// o_s·b)`. `hw`: the device's `__expf` (the tensor-core forward), else `exp_p`.
+#[cube]
+pub(crate) fn fold_weights(
+    m: f32,
+    m_s: f32,
+    #[comptime] hw: bool,
+    #[comptime] emulate: bool,
+) -> (f32, f32, f32) {
+    let mx = select(m_s > m, m_s, m);
+    let (ea, eb) = if comptime![hw] {
+        (fast_exp(m - mx), fast_exp(m_s - mx))
+    } else {
+        (exp_p(m - mx, emulate), exp_p(m_s - mx, emulate))
+    };
+    (
+        mx,
+        select(m == mx, 1.0f32, ea),
+        select(m_s == mx, 1.0f32, eb),
+    )
 }
 
 /// Row `b`'s valid keys, `kv_lens[b]` clamped to `[0, kv_len]`.

@@ -18,8 +18,9 @@
 //!   backward.
 
 use burn_invariant_cubecl::attention::{
-    AttentionGradRefs, AttentionRefs, attention_backward, attention_backward_workspace_len,
-    attention_forward, attention_forward_uses_tensor_cores, attention_math_on_device,
+    ATTENTION_KEY_SPLIT, AttentionGradRefs, AttentionRefs, SplitExecution, attention_backward,
+    attention_backward_workspace_len, attention_forward_uses_tensor_cores, attention_forward_with,
+    attention_math_on_device,
 };
 use burn_invariant_cubecl::consts::{CMMA_TILE, CmmaTile};
 use burn_invariant_cubecl::gemm::{fma_emulated_on_device, matmul_cmma_tiled};
@@ -67,8 +68,8 @@ const ATTN_HEAD_DIMS: [usize; 8] = [0, 8, 16, 40, 64, 128, 136, 256];
 /// What an attention call of the sweep launches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pass {
-    /// The forward.
-    Forward,
+    /// The forward, by this split execution.
+    Forward(SplitExecution),
     /// The forward, then the backward.
     Both,
 }
@@ -625,6 +626,34 @@ impl<'a, R: Runtime> Sweep<'a, R> {
                 // Query rows d + 4 apart: scalar loads; a negative scale.
                 self.attention_call_padded(dt, d, ATTN_SHAPES[2], true, 4);
             }
+            self.attention_splits(dt);
+        }
+    }
+
+    /// Keys past one split: the FMA forward folding splits at every head size (causal
+    /// alternating); the tensor-core one folding them in the cube and by parts + merge, both
+    /// tilings.
+    fn attention_splits(&mut self, dt: FloatDType) {
+        let kv = ATTENTION_KEY_SPLIT + 100;
+        for (i, d) in ATTN_HEAD_DIMS.into_iter().enumerate() {
+            let [b, h, kh, q, _] = ATTN_SHAPES[i % 3];
+            let shape = [b, h, kh, q, kv];
+            let pass = Pass::Forward(SplitExecution::Auto);
+            self.attention_call_inner(dt, d, shape, i % 2 == 1, pass, 0);
+        }
+        for d in (16..=128).step_by(16) {
+            if !attention_forward_uses_tensor_cores(self.client, dt, d) {
+                continue;
+            }
+            for causal in [false, true] {
+                for shape in [ATTN_SHAPES[2], ATTN_SHAPES[0]] {
+                    let [b, h, kh, q, _] = shape;
+                    for ex in [SplitExecution::InCube, SplitExecution::Parts] {
+                        let pass = Pass::Forward(ex);
+                        self.attention_call_inner(dt, d, [b, h, kh, q, kv], causal, pass, 0);
+                    }
+                }
+            }
         }
     }
 
@@ -637,7 +666,11 @@ impl<'a, R: Runtime> Sweep<'a, R> {
         causal: bool,
         backward: bool,
     ) {
-        let pass = if backward { Pass::Both } else { Pass::Forward };
+        let pass = if backward {
+            Pass::Both
+        } else {
+            Pass::Forward(SplitExecution::Auto)
+        };
         self.attention_call_inner(dt, d, shape, causal, pass, 0);
     }
 
@@ -689,7 +722,11 @@ impl<'a, R: Runtime> Sweep<'a, R> {
         };
         let out = self.dense(&[b, h, q, d], es);
         let lse = self.dense(&[b, h, q], 4);
-        let r = attention_forward(self.client, &inputs, &out, &lse);
+        let execution = match pass {
+            Pass::Forward(execution) => execution,
+            Pass::Both => SplitExecution::Auto,
+        };
+        let r = attention_forward_with(self.client, &inputs, &out, &lse, execution);
         self.done(r, || format!("attention_forward {pass:?} {}", what()));
         if pass != Pass::Both {
             return;

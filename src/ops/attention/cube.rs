@@ -11,14 +11,15 @@ use burn_cubecl::{
 use burn_invariant_cubecl::FloatDType;
 use burn_invariant_cubecl::attention::{self as kernels, AttentionGradRefs, AttentionRefs};
 
-use super::oracle::ATTENTION_KEY_BLOCK;
+use super::oracle::{ATTENTION_KEY_BLOCK, ATTENTION_KEY_SPLIT};
 use super::{AttentionGrads, AttentionInputs, AttentionOps, AttentionOutput};
 use crate::backends::alloc::{empty, zeros};
 use crate::backends::cube::{addressable, launch_class, launched, settle_launches};
 use crate::registry::Implementation;
 
-// The Reference walks keys in the kernels' blocks: one constant, checked at compile time.
+// The Reference walks keys in the kernels' blocks and splits: checked at compile time.
 const _: () = assert!(ATTENTION_KEY_BLOCK == kernels::ATTENTION_KEY_BLOCK);
+const _: () = assert!(ATTENTION_KEY_SPLIT == kernels::ATTENTION_KEY_SPLIT);
 
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> AttentionOps
     for CubeBackend<R, F, I, BT>

@@ -1,11 +1,17 @@
 //! The Reference arithmetic of `attention` on host f32 slices (docs/CONTRACT.md, *attention
 //! semantics*): the exact operations the CubeCl FMA kernels run, element by element.
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use crate::ops::math::{exp_p, ln_p};
 
 /// Keys are walked in blocks of this many from key 0 (docs/CONTRACT.md, *attention semantics*).
 pub const ATTENTION_KEY_BLOCK: usize = 64;
+
+/// The softmax restarts every this many keys from key 0, and the splits a query sees merge in
+/// ascending order (docs/CONTRACT.md, *attention semantics*).
+pub const ATTENTION_KEY_SPLIT: usize = 1024;
 
 /// Sizes and options of one attention call; every buffer is contiguous row-major.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,21 +84,45 @@ fn forward_row(
 ) -> f32 {
     let d = q.len();
     let q = scaled(q, scale);
+    let mut run: Option<(f32, f32, Vec<f32>)> = None;
+    for s0 in (0..visible).step_by(ATTENTION_KEY_SPLIT) {
+        let (m, l, o) = split_state(&q, k, v, s0..visible.min(s0 + ATTENTION_KEY_SPLIT));
+        run = Some(match run {
+            None => (m, l, o),
+            Some((rm, rl, mut ro)) => {
+                let (mx, a, b) = fold_weights(rm, m);
+                for (acc, &x) in ro.iter_mut().zip(&o) {
+                    *acc = acc.mul_add(a, x * b);
+                }
+                (mx, rl.mul_add(a, l * b), ro)
+            }
+        });
+    }
+    let (m, l, o) = run.unwrap_or((f32::NEG_INFINITY, 0.0, vec![0.0; d]));
+    for (dst, &acc) in out.iter_mut().zip(&o) {
+        *dst = acc / l;
+    }
+    m + ln_p(l)
+}
+
+/// `(m, l, o)` of the keys `keys` (one split) in blocks of ATTENTION_KEY_BLOCK from its first key.
+fn split_state(q: &[f32], k: &[f32], v: &[f32], keys: Range<usize>) -> (f32, f32, Vec<f32>) {
+    let d = q.len();
     let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
     let mut o = vec![0.0f32; d];
     let mut o_b = vec![0.0f32; d];
     let mut s = [0.0f32; ATTENTION_KEY_BLOCK];
-    for start in (0..visible).step_by(ATTENTION_KEY_BLOCK) {
-        let keys = start..visible.min(start + ATTENTION_KEY_BLOCK);
+    for start in keys.clone().step_by(ATTENTION_KEY_BLOCK) {
+        let block = start..keys.end.min(start + ATTENTION_KEY_BLOCK);
         let mut m_new = m;
-        for (t, j) in keys.clone().enumerate() {
-            s[t] = dot(&q, &k[j * d..(j + 1) * d]);
+        for (t, j) in block.clone().enumerate() {
+            s[t] = dot(q, &k[j * d..(j + 1) * d]);
             m_new = m_new.max(s[t]);
         }
         let alpha = exp_p(m - m_new);
         let mut l_b = 0.0f32;
         o_b.fill(0.0);
-        for (t, j) in keys.enumerate() {
+        for (t, j) in block.enumerate() {
             let p = exp_p(s[t] - m_new);
             l_b += p;
             for (acc, &vj) in o_b.iter_mut().zip(&v[j * d..(j + 1) * d]) {
@@ -105,10 +135,16 @@ fn forward_row(
         }
         m = m_new;
     }
-    for (dst, &acc) in out.iter_mut().zip(&o) {
-        *dst = acc / l;
-    }
-    m + ln_p(l)
+    (m, l, o)
+}
+
+/// `(M, a, b)` folding a split with max `m_s` into the running state with max `m`: `M` the
+/// larger, `a = exp_p(m − M)`, `b = exp_p(m_s − M)`, exactly 1 on the side holding `M`.
+fn fold_weights(m: f32, m_s: f32) -> (f32, f32, f32) {
+    let mx = if m_s > m { m_s } else { m };
+    let a = if m == mx { 1.0 } else { exp_p(m - mx) };
+    let b = if m_s == mx { 1.0 } else { exp_p(m_s - mx) };
+    (mx, a, b)
 }
 
 /// Forward: `(out [B, H, Q, D], lse [B, H, Q])`, f32. Queries with a negative position get zeros
