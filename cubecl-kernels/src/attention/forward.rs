@@ -50,7 +50,8 @@ pub enum SplitExecution {
     Auto,
     /// Each cube walks every split of its rows, folding them as it goes.
     InCube,
-    /// One cube per (tile, split), then a kernel that folds the splits.
+    /// One cube per (tile, split), then a kernel that folds the splits (where its f32 workspace
+    /// stays within 1 GiB).
     Parts,
 }
 
@@ -115,6 +116,10 @@ pub fn attention_forward_with<R: Runtime>(
     Ok(())
 }
 
+/// Largest f32 workspace (words, 1 GiB) of [`SplitExecution::Parts`]; past it the cubes fold their
+/// splits in shared memory (the same bits).
+const PARTS_MAX_WORDS: usize = 1 << 28;
+
 /// The tensor-core forward's outputs and how it runs several splits.
 struct TcOutputs<'a, R: Runtime> {
     out: &'a TensorBinding<R>,
@@ -150,7 +155,7 @@ fn launch_tc<R: Runtime>(
         .num_streaming_multiprocessors
         .unwrap_or(0) as usize;
     let parts = splits > 1
-        && ws_len <= i32::MAX as usize
+        && ws_len <= PARTS_MAX_WORDS
         && match outs.execution {
             SplitExecution::Auto => cubes < 2 * sms,
             SplitExecution::InCube => false,
