@@ -27,7 +27,7 @@ use cubecl::prelude::*;
 /// `p_j = exp_p(s_j − m')`, `l_b` by ascending adds, `o_b` as an fma chain over the keys, then
 /// `l = fma(l, α, l_b)`, `o = fma(o, α, o_b)`; the walk restarts at every multiple of
 /// [`super::ATTENTION_KEY_SPLIT`] keys and the splits a query sees fold in ascending order
-/// ([`super::tile::fold_weights`]); `out = o / l` rounded once, `lse = m + ln_p(l)`.
+/// (`tile::fold_weights`); `out = o / l` rounded once, `lse = m + ln_p(l)`.
 /// Queries with a negative position get zeros and `lse = −∞`. f16 / bf16 where
 /// [`attention_forward_uses_tensor_cores`] says so: the tensor-core forward (the contract's
 /// tensor-core arithmetic, `tc_forward.rs`).
