@@ -134,6 +134,16 @@ __device__ __forceinline__ float gumbel(u32 rw, u32 j) {
 // far (whose key is at least that), so its noise is skipped.
 #define LOGP_NOISE_MAX 16.7f
 #define LOGP_NOISE_MIN -2.82f
+// The step of gumbel_cap (the Reference's NOISE_CAP_STEP).
+#define LOGP_NOISE_CAP_STEP 0.6932f
+
+// An upper bound of gumbel(rw, j) from the hash bits alone (the Reference's noise_cap, checked against every
+// U there): k the leading ones of m = h >> 9 as a 23-bit number puts U below 1 - 2^-(k+1), so G below
+// (k + 1) ln 2. A hash and a count instead of two logarithms for the columns that cannot win.
+__device__ __forceinline__ float gumbel_cap(u32 rw, u32 j) {
+  const u32 m = mix32(mix32(rw ^ j)) >> 9;
+  return __fmul_rn((float)(__clz((int)~(m << 9)) + 1), LOGP_NOISE_CAP_STEP);
+}
 // Vocabulary index of "no candidate" (V <= 2^24; exact in f32).
 #define LOGP_NO_TOKEN (1 << 24)
 
@@ -156,9 +166,10 @@ struct Pick {
 };
 
 // The sampler's candidates of one row (i) of a consumer's tile: z exactly as the target logit (acc * inv_t);
-// without noise each z is offered as its own key; with noise the Gumbel key only where z + NOISE_MAX reaches
-// both the best key and `bar` (others cannot win), one column at a time from a mask, the row's 64
-// accumulators read back from local memory: one copy of the noise code, not one per unrolled column.
+// without noise each z is offered as its own key; with noise the Gumbel key only where z + NOISE_MAX, then z +
+// the column's gumbel_cap, reaches both the best key and `bar` (others cannot win), one column at a time from a
+// mask, the row's 64 accumulators read back from local memory: one copy of the noise code, not one per
+// unrolled column.
 template <class G>
 __device__ __forceinline__ void offer_tile(const float (&acc)[G::NACC], int i, int cb, float inv_t, float bar,
                                            u32 rw, bool noise, Pick& best) {
@@ -177,8 +188,12 @@ __device__ __forceinline__ void offer_tile(const float (&acc)[G::NACC], int i, i
   for (int j = 0; j < G::BN / 8; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float reach = __fadd_rn(__fmul_rn(acc[4 * j + 2 * i + h], inv_t), LOGP_NOISE_MAX);
-      if (reach >= best.key && reach >= bar) live |= 1ull << (2 * j + h);
+      const float z = __fmul_rn(acc[4 * j + 2 * i + h], inv_t);
+      const float reach = __fadd_rn(z, LOGP_NOISE_MAX);
+      if (reach >= best.key && reach >= bar) {
+        const float capped = __fadd_rn(z, gumbel_cap(rw, (u32)(cb + 8 * j + h)));
+        if (capped >= best.key && capped >= bar) live |= 1ull << (2 * j + h);
+      }
     }
   if (!live) return;
   float zrow[G::BN / 4];
@@ -191,7 +206,7 @@ __device__ __forceinline__ void offer_tile(const float (&acc)[G::NACC], int i, i
     live &= live - 1;
     const float z = __fmul_rn(zrow[b], inv_t);
     const int col = cb + 8 * (b >> 1) + (b & 1);
-    if (__fadd_rn(z, LOGP_NOISE_MAX) >= best.key) best.offer(__fadd_rn(z, gumbel(rw, (u32)col)), z, col);
+    if (__fadd_rn(z, gumbel_cap(rw, (u32)col)) >= best.key) best.offer(__fadd_rn(z, gumbel(rw, (u32)col)), z, col);
   }
 }
 

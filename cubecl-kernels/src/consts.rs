@@ -206,7 +206,7 @@ pub(crate) const fn stage_len(outer: usize, inner: usize) -> usize {
 pub const RMS_NORM_LANES: usize = 256;
 /// `rms_norm` backward: rows of one `dGamma` block (an fma chain over the block's rows per
 /// column; the block partials are then added in ascending block order).
-pub const RMS_NORM_ROW_BLOCK: usize = 256;
+pub const RMS_NORM_ROW_BLOCK: usize = 32;
 /// `rms_norm` forward: vectors each unit loads at once before their fma steps; a row of at most
 /// `256 · RMS_NORM_BATCH` elements stays in registers for the output pass (longer rows are
 /// re-read the same way). Changes no bit.
@@ -215,9 +215,13 @@ pub const RMS_NORM_BATCH: usize = 16;
 /// before their fma steps (kept for the `dx` pass when the row fits one batch, else re-read).
 /// Changes no bit.
 pub const RMS_NORM_BWD_BATCH: usize = 8;
+/// `rms_norm` backward, one pass: 32-bit words of a row each unit may hold in registers (its
+/// `dGamma` partials in f32 plus the row's `x` and `dy`); longer rows take the two-pass kernels.
+/// Changes no bit.
+pub const RMS_NORM_ONE_PASS_WORDS: usize = 128;
 /// `rms_norm` backward, `dGamma` partials: rows each unit loads before their fma steps. Changes
 /// no bit.
-pub const RMS_NORM_ROW_BATCH: usize = 64;
+pub const RMS_NORM_ROW_BATCH: usize = 32;
 /// `rms_norm`: widest global load in bytes (the width in elements is the widest power of two the
 /// runtime and every operand's layout allow). Changes no bit.
 pub const RMS_NORM_VECTOR_BYTES: usize = 8;

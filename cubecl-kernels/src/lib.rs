@@ -64,8 +64,8 @@
 //!   from +0.0) combined by the pairwise tree `lane[t] += lane[t + s]`, `s = 128, …, 1`;
 //!   `r = 1 / sqrt(ss / D + eps)` (true division and square root); `y = (x·r)·gamma`, rounded once.
 //! * Backward: `g = dy·gamma`, `c = ((r·r)·r)·dot / D` (`dot` the same lane tree over `g·x`),
-//!   `dx = fma(−x, c, r·g)`; `dGamma` per column: fma chains of `dy·(x·r)` over blocks of 256 rows
-//!   ascending (terms with `dy = 0` skipped), block partials added in ascending order (zero
+//!   `dx = fma(−x, c, r·g)`; `dGamma` per column: fma chains of `dy·(x·r)` over blocks of
+//!   [`RMS_NORM_ROW_BLOCK`] rows ascending (terms with `dy = 0` skipped), block partials added in ascending order (zero
 //!   partials skipped). Bitwise the Reference in f32; f16/bf16 run the same f32 math on upcast
 //!   values. `y`, `dx` are row-invariant; `dGamma` ignores appended zero-gradient rows.
 //!

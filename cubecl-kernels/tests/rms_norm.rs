@@ -4,6 +4,7 @@
 
 mod common;
 
+use burn_invariant_cubecl::rms_norm::with_two_pass_backward;
 use burn_invariant_cubecl::{
     FloatDType, KernelError, RmsNormGradRefs, RmsNormRefs, rms_norm_backward,
     rms_norm_backward_workspace_len, rms_norm_forward, rms_norm_limits,
@@ -96,6 +97,8 @@ fn backward_bufs<R: Runtime>(
 
 /// The Reference's f32 arithmetic (`src/ops/rms_norm/oracle.rs`), for the bitwise checks.
 mod mirror {
+    use burn_invariant_cubecl::RMS_NORM_ROW_BLOCK;
+
     fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
         let mut l = [0.0f32; 256];
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -136,9 +139,9 @@ mod mirror {
         let dgamma = (0..d)
             .map(|col| {
                 let mut total = 0.0f32;
-                for start in (0..n).step_by(256) {
+                for start in (0..n).step_by(RMS_NORM_ROW_BLOCK) {
                     let mut part = 0.0f32;
-                    for row in start..n.min(start + 256) {
+                    for row in start..n.min(start + RMS_NORM_ROW_BLOCK) {
                         let g = dy[row * d + col];
                         if g != 0.0 {
                             part = g.mul_add(x[row * d + col] * r[row], part);
@@ -269,6 +272,34 @@ fn equals_reference<R: Runtime>(client: &ComputeClient<R>) {
     }
     eprintln!(
         "[{}] rms_norm f32 forward, dx, dgamma == Reference mirror bitwise: PASS",
+        runtime_name(client)
+    );
+}
+
+/// The one-pass backward (rows that fit its registers) and the two-pass kernels give the same
+/// bits: the vector widths the one pass picks (D = 600 keeps the widest, 4100 and 8192 narrow
+/// it), rounds padded to a power of two (4100), a partial last row block, and a transposed `x`.
+fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
+    for &(n, d) in &[(300usize, 600usize), (70, 4100), (33, 8192), (1, 256)] {
+        let (x, gamma, dy) = data(n, d, dt);
+        let one = backward(client, (&x, &gamma, &dy), n, dt);
+        let two = with_two_pass_backward(|| backward(client, (&x, &gamma, &dy), n, dt));
+        assert_eq!(bits(&one.0), bits(&two.0), "{dt:?} dx n={n} d={d}");
+        assert_eq!(bits(&one.1), bits(&two.1), "{dt:?} dgamma n={n} d={d}");
+        let (xt, gb, dyb) = (
+            upload_transposed_view(client, &x, n, d, dt),
+            upload(client, &gamma, &[d], dt),
+            upload(client, &dy, &[n, d], dt),
+        );
+        let strided = backward_bufs(client, (&xt, &gb, &dyb), [n, d], dt);
+        assert_eq!(
+            (bits(&strided.0), bits(&strided.1)),
+            (bits(&one.0), bits(&one.1)),
+            "{dt:?} transposed x n={n} d={d}"
+        );
+    }
+    eprintln!(
+        "[{}] rms_norm {dt:?} one-pass backward == two-pass bitwise: PASS",
         runtime_name(client)
     );
 }
@@ -421,6 +452,8 @@ fn rms_norm_bitwise_wgpu() {
         equals_reference(client);
         invariance(client, Dt::F32);
         invariance(client, Dt::F16);
+        one_pass_equals_two_passes(client, Dt::F32);
+        one_pass_equals_two_passes(client, Dt::F16);
     });
 }
 
@@ -436,6 +469,7 @@ fn rms_norm_cuda() {
         for dt in [Dt::F32, Dt::F16, Dt::BF16] {
             values_and_gradients(client, dt);
             invariance(client, dt);
+            one_pass_equals_two_passes(client, dt);
         }
         equals_reference(client);
         edges(client);
@@ -493,17 +527,22 @@ fn rms_norm_perf_cuda() {
         };
         let fwd = time(&|| rms_norm_forward(client, &inputs, out.b()).unwrap());
         let bwd = time(&|| rms_norm_backward(client, &inputs, &grads).unwrap());
+        let two = time(&|| {
+            with_two_pass_backward(|| rms_norm_backward(client, &inputs, &grads).unwrap())
+        });
         let elems = (n * d * dt.size()) as f64;
         let gbs = |bytes: f64, s: f64| bytes / s / 1e9;
         println!(
             "RESULT rms_norm bf16 [{n}, {d}]: forward {:.1} us ({:.0} GB/s), backward {:.1} us \
-             ({:.0} GB/s), both {:.1} us ({:.0} GB/s)",
+             ({:.0} GB/s), both {:.1} us ({:.0} GB/s); two-pass backward {:.1} us ({:.0} GB/s)",
             fwd * 1e6,
             gbs(2.0 * elems, fwd),
             bwd * 1e6,
             gbs(3.0 * elems, bwd),
             (fwd + bwd) * 1e6,
-            gbs(5.0 * elems, fwd + bwd)
+            gbs(5.0 * elems, fwd + bwd),
+            two * 1e6,
+            gbs(3.0 * elems, two)
         );
     });
 }

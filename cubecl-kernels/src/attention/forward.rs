@@ -6,8 +6,8 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_ROWS, TC_WARPS, TcCfg, attention_tc_forward_kernel, attention_tc_merge_kernel,
-    split_workspace_len, tc_forward_supported, tc_split, tc_vector,
+    TC_WARPS, TcCfg, attention_tc_forward_kernel, attention_tc_merge_kernel, split_workspace_len,
+    tc_forward_supported, tc_split, tc_vector,
 };
 use super::tile::{
     AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, KEY_SPLIT,
@@ -141,28 +141,8 @@ fn launch_tc<R: Runtime>(
     let group_rows = dims.group() * dims.q_len;
     let rows = dims.batch * dims.heads * dims.q_len;
     let splits = dims.kv_len.div_ceil(KEY_SPLIT).max(1);
-    let tiles = group_rows.div_ceil(if tc_split(group_rows, dims.head_dim) {
-        16
-    } else {
-        TC_ROWS
-    });
-    let cubes = dims.batch * dims.kv_heads * tiles;
-    let ws_len = split_workspace_len(splits, rows, dims.head_dim);
-    // Parts where the tiles fill less than two cubes per SM; a choice that changes no bit.
-    let sms = client
-        .properties()
-        .hardware
-        .num_streaming_multiprocessors
-        .unwrap_or(0) as usize;
-    let parts = splits > 1
-        && ws_len <= PARTS_MAX_WORDS
-        && match outs.execution {
-            SplitExecution::Auto => cubes < 2 * sms,
-            SplitExecution::InCube => false,
-            SplitExecution::Parts => true,
-        };
     // The split tiling computes every element as the 64-row one does: it may follow the shape.
-    let cfg = TcCfg {
+    let mut cfg = TcCfg {
         d: dims.head_dim,
         causal: c.causal,
         emulate: c.cfg(client, 1).emulate,
@@ -177,10 +157,27 @@ fn launch_tc<R: Runtime>(
             c.dt.size(),
         ),
         clamped: true,
-        splits: splits > 1 && !parts,
-        part: parts,
+        splits: false,
+        part: false,
     };
-    debug_assert_eq!(tiles, group_rows.div_ceil(cfg.rows()));
+    let cubes = dims.batch * dims.kv_heads * group_rows.div_ceil(cfg.rows());
+    let ws_len = split_workspace_len(splits, rows, dims.head_dim);
+    // Parts where the tiles fill less than two cubes per SM; a choice that changes no bit.
+    let sms = client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(0) as usize;
+    let parts = splits > 1
+        && ws_len <= PARTS_MAX_WORDS
+        && match outs.execution {
+            SplitExecution::Auto => cubes < 2 * sms,
+            SplitExecution::InCube => false,
+            SplitExecution::Parts => true,
+        };
+    cfg.splits = splits > 1 && !parts;
+    cfg.part = parts;
+    // The kernel takes a workspace argument either way; in-cube calls get a one-word stand-in.
     let ws_len = if parts { ws_len } else { 1 };
     let ws = client.empty(4 * ws_len);
     let grid = if parts { cubes * splits } else { cubes };

@@ -2,7 +2,7 @@
 //! sorted in a short list, offered and stored the same way by the forward's segment kernels and
 //! the sampler's own.
 
-use super::noise::{NOISE_MAX, NOISE_MIN, gumbel};
+use super::noise::{NOISE_MAX, NOISE_MIN, gumbel, noise_cap};
 use crate::attention::math::neg_inf;
 use cubecl::prelude::*;
 
@@ -113,8 +113,9 @@ pub(crate) fn offer(list: &mut Candidates, key: f32, z: f32, j: u32, #[comptime]
 }
 
 /// Offers tempered logit `z` of column `j`: with noise and one slot its Gumbel key (skipped where
-/// `z + NOISE_MAX` is below the best key or below `bar`, the largest logit seen so far plus
-/// `NOISE_MIN`, whose own key is at least that: it could not win), otherwise `z` itself.
+/// `z` plus a bound of its noise (`NOISE_MAX`, then the column's [`noise_cap`]) is below the best
+/// key or below `bar`, the largest logit seen so far plus `NOISE_MIN`, whose own key is at least
+/// that: it could not win), otherwise `z` itself.
 #[cube]
 pub(crate) fn offer_logit(
     list: &mut Candidates,
@@ -127,8 +128,12 @@ pub(crate) fn offer_logit(
     if comptime![pick.noise && pick.k == 1] {
         let reach = z + NOISE_MAX;
         if reach >= list.key[0] && reach >= bar {
-            let key = z + gumbel(row, j, pick.emulate_fma);
-            offer(list, key, z, j, 1u32);
+            // The column's own cap (cheap: its hash) skips almost every remaining noise.
+            let capped = z + noise_cap(row, j);
+            if capped >= list.key[0] && capped >= bar {
+                let key = z + gumbel(row, j, pick.emulate_fma);
+                offer(list, key, z, j, 1u32);
+            }
         }
     } else {
         offer(list, z, z, j, pick.k);

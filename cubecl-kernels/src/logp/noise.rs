@@ -16,6 +16,18 @@ pub(crate) const NOISE_MAX: f32 = 16.7;
 /// least that logit plus this.
 pub(crate) const NOISE_MIN: f32 = -2.82;
 
+/// The step of [`noise_cap`] (the Reference's `NOISE_CAP_STEP`).
+const NOISE_CAP_STEP: f32 = 0.6932;
+
+/// An upper bound of [`gumbel`]`(row, j)` from the hash bits alone (the Reference's `noise_cap`,
+/// checked against every uniform there): `(k + 1)·NOISE_CAP_STEP` for `k` the leading ones of
+/// the uniform's 23 bits. Lets the kernels skip the noise of a logit that cannot win.
+#[cube]
+pub(crate) fn noise_cap(row: u32, j: u32) -> f32 {
+    let m = mix(mix(row ^ j)) >> 9u32;
+    f32::cast_from(u32::leading_zeros(!(m << 9u32)) + 1u32) * NOISE_CAP_STEP
+}
+
 /// Wellons' `lowbias32`.
 #[cube]
 pub(crate) fn mix(x: u32) -> u32 {

@@ -15,7 +15,7 @@ use crate::gemm::view::StridedView;
 use cubecl::prelude::*;
 
 /// Partials each unit of the `dGamma` sum loads at once (then adds in order).
-const PARTIALS_BATCH: usize = 8;
+const PARTIALS_BATCH: usize = 64;
 
 /// Levels of the lane tree (`log2(RMS_NORM_LANES)`).
 const TREE_LEVELS: usize = RMS_NORM_LANES.trailing_zeros() as usize;
@@ -453,6 +453,170 @@ fn dgamma_block<F: Float, M: Size>(
     }
 }
 
+/// The one-pass backward's outputs: `dx` and its view, the `dGamma` partial of row block
+/// `block_off + CUBE_POS_X` into `ws[(block_off + CUBE_POS_X)·d + col]`.
+#[derive(CubeType, CubeLaunch)]
+pub(crate) struct OnePassOutputs<F: Float, N: Size> {
+    pub dx: Tensor<Vector<F, N>>,
+    pub dxo: StridedView,
+    pub ws: Tensor<f32>,
+    pub block_off: u32,
+}
+
+/// The one-pass backward's compile-time configuration: the vector width `w`, `rounds` (a power
+/// of two, at least `ceil(D / 256)`: the vectors of a row each unit holds), `fma` emulated.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct OnePassCfg {
+    pub w: usize,
+    pub rounds: usize,
+    pub emulate_fma: bool,
+}
+
+/// The one pass's lanes of the row held in `xv`, `dv` (unit `u` holds its vectors at
+/// `k·256 + w·u`): `ss_l[j]` = `Σ x²` and `dot_l[j]` = `Σ g·x` (`g = dy·gamma`) of lane `w·u + j`,
+/// fma chains ascending from +0.0.
+#[cube]
+#[allow(clippy::too_many_arguments)] // #[cube] helpers take each tensor and index separately
+fn held_row_lanes<F: Float, N: Size>(
+    xv: &Array<Vector<F, N>>,
+    dv: &Array<Vector<F, N>>,
+    gamma: &Tensor<Vector<F, N>>,
+    gamma_at: (usize, usize),
+    ss_l: &mut Array<f32>,
+    dot_l: &mut Array<f32>,
+    u: usize,
+    d: usize,
+    #[comptime] w: usize,
+    #[comptime] rounds: usize,
+    #[comptime] emulate_fma: bool,
+) {
+    let (gb, gs) = gamma_at;
+    let last = d - w;
+    #[unroll]
+    for j in 0..w {
+        ss_l[j] = 0.0f32;
+        dot_l[j] = 0.0f32;
+    }
+    #[unroll]
+    for k in 0..rounds {
+        let e = k * RMS_NORM_LANES + w * u;
+        if k * RMS_NORM_LANES < d {
+            let gk = gamma[(gb + min(e, last) * gs) / w];
+            let (xk, dk) = (xv[k], dv[k]);
+            #[unroll]
+            for j in 0..w {
+                let xe = f32::cast_from(xk[j]);
+                let g = f32::cast_from(dk[j]) * f32::cast_from(gk[j]);
+                ss_l[j] = select(e < d, fma_f32(xe, xe, ss_l[j], emulate_fma), ss_l[j]);
+                dot_l[j] = select(e < d, fma_f32(g, xe, dot_l[j], emulate_fma), dot_l[j]);
+            }
+        }
+    }
+}
+
+/// The whole backward of one block of `RMS_NORM_ROW_BLOCK` rows in one pass over `x` and `dy`
+/// (block = `CUBE_POS_X`, rows from the views' offsets, below `rows`). The cube's `256 / w`
+/// units walk the block's rows in ascending order; unit `u` holds the row's vectors at
+/// `k·256 + w·u` (its lanes `w·u ..`) in registers: both lane sums and the tree, then `dx` as
+/// [`dx_rows`] computes it, then the unit's `dGamma` partials `fma(dy, x·r, part)` (terms with
+/// `dy == 0` skipped), which stay in registers across the rows and are written once at the end,
+/// the partials kernel's bits.
+#[cube(launch_unchecked)]
+pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
+    ins: &DxInputs<F, N>,
+    outs: &mut OnePassOutputs<F, N>,
+    sz: RowSizes,
+    #[comptime] cfg: OnePassCfg,
+    #[define(F)] _dtype: StorageType,
+) {
+    let (w, rounds, emulate_fma) = (
+        comptime![cfg.w],
+        comptime![cfg.rounds],
+        comptime![cfg.emulate_fma],
+    );
+    let (u, _) = row_geometry();
+    let d = sz.d as usize;
+    let last = d - w;
+    let row0 = CUBE_POS_X as usize * RMS_NORM_ROW_BLOCK;
+    let end = min(sz.rows as usize, row0 + RMS_NORM_ROW_BLOCK);
+    let (xs, ds, os) = (
+        ins.xo.s1 as usize,
+        ins.dyo.s1 as usize,
+        outs.dxo.s1 as usize,
+    );
+    let (gb, gs) = (ins.g_off as usize, ins.g_stride as usize);
+    let held = comptime!(rounds * w);
+    let mut part = Array::<f32>::new(held);
+    #[unroll]
+    for i in 0..held {
+        part[i] = 0.0f32;
+    }
+    let mut xv = Array::<Vector<F, N>>::new(rounds);
+    let mut dv = Array::<Vector<F, N>>::new(rounds);
+    let mut ss_l = Array::<f32>::new(w);
+    let mut dot_l = Array::<f32>::new(w);
+    for i in 0..end - row0 {
+        let row = row0 + i;
+        let xb = ins.xo.offset as usize + row * ins.xo.s0 as usize;
+        let db = ins.dyo.offset as usize + row * ins.dyo.s0 as usize;
+        // Rounds past the row (the power-of-two padding of `rounds`) load nothing.
+        #[unroll]
+        for k in 0..rounds {
+            if k * RMS_NORM_LANES < d {
+                let e = min(k * RMS_NORM_LANES + w * u, last);
+                xv[k] = ins.x[(xb + e * xs) / w];
+                dv[k] = ins.dy[(db + e * ds) / w];
+            }
+        }
+        held_row_lanes::<F, N>(
+            &xv,
+            &dv,
+            &ins.gamma,
+            (gb, gs),
+            &mut ss_l,
+            &mut dot_l,
+            u,
+            d,
+            w,
+            rounds,
+            emulate_fma,
+        );
+        let (ss, dot) = lane_tree(&ss_l, &dot_l, w, 1usize, true);
+        // The tree's shared memory is written again by the next row.
+        sync_cube();
+        let r = inv_rms(ss, sz.d_f, sz.eps, emulate_fma);
+        let c = div_rn(((r * r) * r) * dot, sz.d_f, emulate_fma);
+        let ob = outs.dxo.offset as usize + row * outs.dxo.s0 as usize;
+        #[unroll]
+        for k in 0..rounds {
+            let e = k * RMS_NORM_LANES + w * u;
+            if e < d {
+                let (xk, dk) = (xv[k], dv[k]);
+                let gk = ins.gamma[(gb + e * gs) / w];
+                outs.dx[(ob + e * os) / w] = dx_vector::<F, N>(xk, dk, gk, r, c, w, emulate_fma);
+                #[unroll]
+                for j in 0..w {
+                    let de = f32::cast_from(dk[j]);
+                    let at = k * w + j;
+                    let next = fma_f32(de, f32::cast_from(xk[j]) * r, part[at], emulate_fma);
+                    part[at] = select(de == 0.0f32, part[at], next);
+                }
+            }
+        }
+    }
+    let pb = (outs.block_off + CUBE_POS_X) as usize * d;
+    #[unroll]
+    for k in 0..rounds {
+        let e = k * RMS_NORM_LANES + w * u;
+        if e < d {
+            #[unroll]
+            for j in 0..w {
+                outs.ws[pb + e + j] = part[k * w + j];
+            }
+        }
+    }
+}
+
 /// `dx` and `r` of the launch's rows, `w` rows per cube (see [`dx_rows`]).
 #[cube(launch_unchecked)]
 pub(crate) fn rms_norm_dx_kernel<F: Float, N: Size>(
@@ -525,8 +689,8 @@ pub(crate) fn rms_norm_partials_kernel<F: Float, M: Size>(
 }
 
 /// `dGamma[col] = Σ_blocks partial[block, col]` in ascending block order from +0.0, partials equal
-/// to zero skipped, one rounding; one unit per column (`RMS_NORM_LANES` per cube). With no
-/// blocks, `+0.0`.
+/// to zero skipped, one rounding; one unit per column (`CUBE_DIM_X` per cube). With no blocks,
+/// `+0.0`.
 #[cube(launch_unchecked)]
 pub(crate) fn rms_norm_dgamma_kernel<F: Float>(
     parts: &Partials,
@@ -534,7 +698,7 @@ pub(crate) fn rms_norm_dgamma_kernel<F: Float>(
     cols: u32,
     #[define(F)] _dtype: StorageType,
 ) {
-    let col = CUBE_POS_X as usize * RMS_NORM_LANES + UNIT_POS_X as usize;
+    let col = (CUBE_POS_X * CUBE_DIM_X + UNIT_POS_X) as usize;
     if col < cols as usize {
         let blocks = parts.blocks as usize;
         let base = parts.part_off as usize + col;

@@ -7,19 +7,23 @@
 //! * forward: 256 lanes per row held by `256 / w` units (`w` rows per cube); unit `u` loads the
 //!   vectors at `k·256 + w·u` (coalesced) and owns lanes `w·u ..`; the lane tree in shared memory;
 //!   then each unit writes its elements (from registers when the row fits one batch of loads).
-//! * backward: (1) `dx` and the per-row `r` (into the workspace), the forward's shape with both
-//!   sums; (2) the `dGamma` block partials, one cube per (256-row block, column tile), each unit
-//!   owning adjacent columns (coalesced), an fma chain over the block's rows ascending, into the
-//!   workspace; (3) one unit per column adds the block partials in ascending order, rounds once.
-//!   `x` and `dy` are read twice (by (1) and by (2)).
+//! * backward, one pass (rows of up to [`RMS_NORM_ONE_PASS_WORDS`] words per unit): one cube
+//!   per block of [`RMS_NORM_ROW_BLOCK`] rows walks them in ascending order, each row in
+//!   registers (the forward's lanes), writing `dx` and folding the `dGamma` block partials in
+//!   registers; `x` and `dy` are read once. Then one unit per column adds the block partials in
+//!   ascending order and rounds once.
+//! * backward, two passes (longer rows; the same bits): (1) `dx` and the per-row `r` (into the
+//!   workspace), the forward's shape with both sums; (2) the `dGamma` block partials, one cube
+//!   per (row block, column tile), each unit owning adjacent columns (coalesced), an fma chain
+//!   over the block's rows ascending; (3) the same sum of the partials.
 
 mod kernels;
 
 pub use crate::consts::{RMS_NORM_LANES, RMS_NORM_ROW_BLOCK};
 
 use crate::consts::{
-    RMS_NORM_BATCH, RMS_NORM_BWD_BATCH, RMS_NORM_DGAMMA_WIDTH, RMS_NORM_ROW_BATCH,
-    RMS_NORM_VECTOR_BYTES,
+    RMS_NORM_BATCH, RMS_NORM_BWD_BATCH, RMS_NORM_DGAMMA_WIDTH, RMS_NORM_ONE_PASS_WORDS,
+    RMS_NORM_ROW_BATCH, RMS_NORM_VECTOR_BYTES,
 };
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
@@ -30,13 +34,23 @@ use crate::util::{
 };
 use cubecl::prelude::*;
 use kernels::{
-    ColumnLaunch, DxInputsLaunch, DxOutputsLaunch, NormInputsLaunch, NormOutputLaunch,
-    PartialSizesLaunch, PartialsLaunch, RowCfg, RowSizesLaunch, XDyLaunch, rms_norm_dgamma_kernel,
-    rms_norm_dx_kernel, rms_norm_forward_kernel, rms_norm_partials_kernel, rms_norm_zero_kernel,
+    ColumnLaunch, DxInputsLaunch, DxOutputsLaunch, NormInputsLaunch, NormOutputLaunch, OnePassCfg,
+    OnePassOutputsLaunch, PartialSizesLaunch, PartialsLaunch, RowCfg, RowSizesLaunch, XDyLaunch,
+    rms_norm_backward_kernel, rms_norm_dgamma_kernel, rms_norm_dx_kernel, rms_norm_forward_kernel,
+    rms_norm_partials_kernel, rms_norm_zero_kernel,
 };
 
 thread_local! {
     static REJECTED_LAUNCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static TWO_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test hook: runs `f` with this thread's [`rms_norm_backward`] taking the two-pass kernels at
+/// every size, so that tests can check both paths give the same bits. Other threads are
+/// unaffected; the previous setting is restored when `f` returns or unwinds.
+#[doc(hidden)]
+pub fn with_two_pass_backward<T>(f: impl FnOnce() -> T) -> T {
+    crate::util::with_thread_flag(&TWO_PASS, f)
 }
 
 /// Test hook: runs `f` with this thread's [`rms_norm_forward`] launching, in place of its own
@@ -94,7 +108,7 @@ pub fn rms_norm_limits<R: Runtime>(
     to_u32("x", "elements (N·D)", n.saturating_mul(d))?;
     to_u32(
         "workspace",
-        "f32 elements of the backward's workspace (ceil(N / 256)·D + N)",
+        "f32 elements of the backward's workspace (ceil(N / RMS_NORM_ROW_BLOCK)·D + N)",
         rms_norm_backward_workspace_len(n, d),
     )?;
     Ok(())
@@ -284,10 +298,37 @@ pub fn rms_norm_backward<R: Runtime>(
     if n == 0 {
         return bwd.zero_grad_gamma();
     }
-    bwd.launch_dx()?;
-    bwd.launch_partials()?;
+    match one_pass_cfg(d, es, w, bwd.emulate()) {
+        Some(cfg) if !TWO_PASS.with(std::cell::Cell::get) => bwd.launch_one_pass(cfg)?,
+        _ => {
+            bwd.launch_dx()?;
+            bwd.launch_partials()?;
+        }
+    }
     bwd.launch_sum_partials()
 }
+
+/// The one-pass kernel's configuration for rows of `d` elements of `es` bytes, where a row fits
+/// its units' registers: the widest vector `w' ≤ w` whose words per unit (the partials in f32
+/// plus the row's `x` and `dy`) stay within [`RMS_NORM_ONE_PASS_WORDS`]. Wide vectors keep the
+/// instructions per element low (scalar loads, 256 units per cube, ran 1.6× slower on an H200).
+/// Only which kernels run depends on it, never the bits.
+fn one_pass_cfg(d: usize, es: usize, w: usize, emulate_fma: bool) -> Option<OnePassCfg> {
+    let rounds = d.div_ceil(RMS_NORM_LANES).next_power_of_two();
+    let words = |w: usize| rounds * w + 2 * rounds * (w * es).div_ceil(4);
+    let mut w = w;
+    while w > 1 && words(w) > RMS_NORM_ONE_PASS_WORDS {
+        w /= 2;
+    }
+    (words(w) <= RMS_NORM_ONE_PASS_WORDS).then_some(OnePassCfg {
+        w,
+        rounds,
+        emulate_fma,
+    })
+}
+
+/// Units per cube of the `dGamma` sum.
+const SUM_UNITS: usize = 32;
 
 /// The workspace holds at least `needed` f32 and is contiguous.
 fn check_backward_workspace<R: Runtime>(
@@ -359,6 +400,52 @@ impl<R: Runtime> Backward<'_, R> {
         Ok(())
     }
 
+    /// `x`, `dy` and `gamma` of the row kernels, from row `row` on.
+    fn dx_inputs<F: Float, N: Size>(
+        &self,
+        row: usize,
+    ) -> Result<DxInputsLaunch<F, N, R>, KernelError> {
+        let (inputs, grads, c) = (self.inputs, self.grads, &self.c);
+        Ok(DxInputsLaunch::new(
+            raw_arg(inputs.x),
+            sub_view("x", &c.xv, row, 0)?,
+            raw_arg(grads.grad_out),
+            sub_view("grad_out", &self.dyv, row, 0)?,
+            raw_arg(inputs.gamma),
+            0,
+            c.gv.stride(0) as u32,
+        ))
+    }
+
+    /// The one-pass backward: `dx` and the `dGamma` block partials, one cube per row block.
+    fn launch_one_pass(&self, cfg: OnePassCfg) -> Result<(), KernelError> {
+        let (client, inputs, grads, c) = (self.client, self.inputs, self.grads, &self.c);
+        let (n, d, block) = (c.n, c.d, RMS_NORM_ROW_BLOCK);
+        let d32 = to_u32("x", "D", d)?;
+        for (row, rows) in launch_chunks(client, 0, n, block) {
+            let (gx, _) = check_grid(client, "x", rows.div_ceil(block), 1)?;
+            unsafe {
+                rms_norm_backward_kernel::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static(gx, 1, 1),
+                    CubeDim::new_1d((RMS_NORM_LANES / cfg.w) as u32),
+                    cfg.w,
+                    self.dx_inputs(row)?,
+                    OnePassOutputsLaunch::new(
+                        raw_arg(grads.grad_x),
+                        sub_view("grad_x", &self.dxv, row, 0)?,
+                        raw_arg(grads.workspace),
+                        to_u32("x", "row blocks", row / block)?,
+                    ),
+                    RowSizesLaunch::new(to_u32("x", "N", rows)?, d32, d as f32, inputs.eps),
+                    cfg,
+                    self.dtype(),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Phase 1: `dx` and `r` of each row, `w` rows per cube.
     fn launch_dx(&self) -> Result<(), KernelError> {
         let (client, inputs, grads, c) = (self.client, self.inputs, self.grads, &self.c);
@@ -373,15 +460,7 @@ impl<R: Runtime> Backward<'_, R> {
                     CubeCount::Static(gx, 1, 1),
                     CubeDim::new_2d((lanes / w) as u32, w as u32),
                     w,
-                    DxInputsLaunch::new(
-                        raw_arg(inputs.x),
-                        sub_view("x", &c.xv, row, 0)?,
-                        raw_arg(grads.grad_out),
-                        sub_view("grad_out", &self.dyv, row, 0)?,
-                        raw_arg(inputs.gamma),
-                        0,
-                        c.gv.stride(0) as u32,
-                    ),
+                    self.dx_inputs(row)?,
                     DxOutputsLaunch::new(
                         raw_arg(grads.grad_x),
                         sub_view("grad_x", &self.dxv, row, 0)?,
@@ -445,16 +524,18 @@ impl<R: Runtime> Backward<'_, R> {
 
     /// Phase 3: `dGamma`, the block partials in ascending order.
     fn launch_sum_partials(&self) -> Result<(), KernelError> {
-        let (client, lanes, dgs, d) = (self.client, RMS_NORM_LANES, self.dgs, self.c.d);
+        // One warp-sized cube per 32 columns: each unit's sum is a chain of loads, so many
+        // small cubes keep more of them in flight.
+        let (client, units, dgs, d) = (self.client, SUM_UNITS, self.dgs, self.c.d);
         let blocks32 = to_u32("x", "row blocks", self.c.n.div_ceil(RMS_NORM_ROW_BLOCK))?;
         let d32 = to_u32("x", "D", d)?;
-        for (col, cols) in launch_chunks(client, 0, d, lanes) {
-            let (gx, _) = check_grid(client, "grad_gamma", cols.div_ceil(lanes), 1)?;
+        for (col, cols) in launch_chunks(client, 0, d, units) {
+            let (gx, _) = check_grid(client, "grad_gamma", cols.div_ceil(units), 1)?;
             unsafe {
                 rms_norm_dgamma_kernel::launch_unchecked::<R>(
                     client,
                     CubeCount::Static(gx, 1, 1),
-                    CubeDim::new_1d(lanes as u32),
+                    CubeDim::new_1d(units as u32),
                     PartialsLaunch::new(
                         raw_arg(self.grads.workspace),
                         to_u32("workspace", "offset", col)?,
@@ -472,5 +553,24 @@ impl<R: Runtime> Backward<'_, R> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_pass_cfg;
+
+    /// Model widths (bf16, 8-byte vectors) take the one pass up to D = 8192, narrowing the
+    /// vectors past 4096; wider rows and f32 rows past 8192 take the two passes.
+    #[test]
+    fn one_pass_covers_model_widths() {
+        let cfg = |d, es, w| one_pass_cfg(d, es, w, false).map(|c| (c.w, c.rounds));
+        assert_eq!(cfg(4096, 2, 4), Some((4, 16)));
+        assert_eq!(cfg(5120, 2, 4), Some((2, 32)));
+        assert_eq!(cfg(8192, 2, 4), Some((2, 32)));
+        assert_eq!(cfg(8192, 4, 2), Some((1, 32)));
+        assert_eq!(cfg(37, 4, 1), Some((1, 1)));
+        assert_eq!(cfg(16384, 2, 4), None);
+        assert_eq!(cfg(8448, 4, 2), None);
     }
 }

@@ -25,6 +25,7 @@ use burn_invariant_cubecl::attention::{
 use burn_invariant_cubecl::consts::{CMMA_TILE, CmmaTile};
 use burn_invariant_cubecl::gemm::{fma_emulated_on_device, matmul_cmma_tiled};
 use burn_invariant_cubecl::logp::{SampleSpec, linear_sample_forward, linear_sample_workspace_len};
+use burn_invariant_cubecl::rms_norm::with_two_pass_backward;
 use burn_invariant_cubecl::tp::{self, GlobalTargets};
 use burn_invariant_cubecl::{
     FloatDType, GemmPath, IndexDType, KernelError, LogpGradRefs, LogpInputRefs, RmsNormGradRefs,
@@ -752,14 +753,21 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     // ---------------------------------------------------------------------------------------
     // RMSNorm: rms_norm_forward_kernel / rms_norm_dx_kernel <F, N>{w = N, batch, emulate},
     // rms_norm_partials_kernel <F, M = min(w, 2)>, rms_norm_dgamma_kernel <F>,
-    // rms_norm_zero_kernel <F>. The vector width w is the widest of the client's IO widths of at
-    // most 8 bytes that divides D (every operand contiguous and aligned): D = 37 → 1, 150 → 2,
-    // 152 → 4 (f16 / bf16; f32 stops at 2).
+    // rms_norm_zero_kernel <F>, rms_norm_backward_kernel <F, N>{w = N, rounds, emulate}. The
+    // vector width w is the widest of the client's IO widths of at most 8 bytes that divides D
+    // (every operand contiguous and aligned): D = 37 → 1, 150 → 2, 152 → 4 (f16 / bf16; f32
+    // stops at 2); the one-pass backward narrows it where its row would not fit its registers.
+    // The two-pass kernels run at the small D (forced), the one pass at every rounds bucket
+    // (`ceil(D / 256)` up to a power of two, D = 256·(rounds − 1) + 9 / 10 / 12 for w = 1 / 2 / 4).
 
     fn rms_norm(&mut self) {
         for dt in self.floats.clone() {
             let es = dt.size();
-            for (n, d) in [(5, 37), (5, 150), (5, 152), (0, 150)] {
+            let one_pass = [1usize, 2, 4, 8, 16, 32]
+                .into_iter()
+                .flat_map(|r| [9usize, 10, 12].map(|e| (5usize, 256 * (r - 1) + e)));
+            let shapes = [(5, 37), (5, 150), (5, 152), (0, 150)].into_iter();
+            for (n, d) in shapes.chain(one_pass) {
                 let x = self.dense(&[n, d], es);
                 let gamma = self.dense(&[d], es);
                 let inputs = RmsNormRefs {
@@ -786,6 +794,13 @@ impl<'a, R: Runtime> Sweep<'a, R> {
                 };
                 let r = rms_norm_backward(self.client, &inputs, &grads);
                 self.done(r, || format!("rms_norm_backward {dt:?} [{n}, {d}]"));
+                if d < 256 {
+                    let r =
+                        with_two_pass_backward(|| rms_norm_backward(self.client, &inputs, &grads));
+                    self.done(r, || {
+                        format!("rms_norm_backward two-pass {dt:?} [{n}, {d}]")
+                    });
+                }
             }
         }
     }

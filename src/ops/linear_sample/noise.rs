@@ -41,6 +41,24 @@ pub const NOISE_MAX: f32 = 16.7;
 /// `m + NOISE_MIN`, so a logit below `m + NOISE_MIN − NOISE_MAX` cannot win either.
 pub const NOISE_MIN: f32 = -2.82;
 
+/// The step of [`noise_cap`]: `ln 2` rounded up far enough to cover `ln_p`'s rounding.
+pub const NOISE_CAP_STEP: f32 = 0.6932;
+
+/// An upper bound of [`gumbel`]`(row, v)` from the hash bits alone, so that kernels can skip the
+/// noise of a logit that cannot win without computing it: with `m = h >> 9` (`U = (2m + 1)·2⁻²⁴`)
+/// and `k` the leading ones of `m` as a 23-bit number, `U < 1 − 2^−(k+1)`, so `−ln U > 2^−(k+1)`
+/// and `G < (k + 1)·ln 2`; the cap is `(k + 1)·NOISE_CAP_STEP` (checked for every `m` by a test).
+#[inline]
+pub fn noise_cap(row: u32, v: u32) -> f32 {
+    cap_of(mix(mix(row ^ v)) >> 9)
+}
+
+/// [`noise_cap`] of the uniform's 23 bits `m`.
+#[inline]
+fn cap_of(m: u32) -> f32 {
+    ((!(m << 9)).leading_zeros() + 1) as f32 * NOISE_CAP_STEP
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +81,21 @@ mod tests {
         assert!((NOISE_MIN..NOISE_MIN + 0.02).contains(&min), "min {min}");
         // The Euler–Mascheroni constant.
         assert!((mean - 0.577_215_66).abs() < 1e-4, "mean {mean}");
+    }
+
+    #[test]
+    fn noise_cap_bounds_every_draw() {
+        let mut skippable = 0u64;
+        for m in 0u32..1 << 23 {
+            let u = (2 * m + 1) as f32 / (1u32 << 24) as f32;
+            let g = -ln_p(-ln_p(u));
+            let cap = cap_of(m);
+            assert!(g <= cap && cap <= NOISE_MAX, "m = {m}: G {g}, cap {cap}");
+            skippable += u64::from(cap <= 8.0);
+        }
+        // The cap is useful: all but the top 2^-11 of the uniforms are capped at 8 or less.
+        assert_eq!(skippable, (1 << 23) - (1 << 12), "{skippable}");
+        assert_eq!(noise_cap(7, 3), cap_of(mix(mix(7 ^ 3)) >> 9));
     }
 
     #[test]

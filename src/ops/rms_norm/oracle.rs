@@ -5,7 +5,7 @@ use rayon::prelude::*;
 /// Lanes of the per-row sums: lane `t` takes `d = t, t + LANES, …`, then a pairwise tree.
 pub const RMS_NORM_LANES: usize = 256;
 /// Rows of one `dGamma` block.
-pub const RMS_NORM_ROW_BLOCK: usize = 256;
+pub const RMS_NORM_ROW_BLOCK: usize = 32;
 
 /// `Σ_d a_d·b_d` in the contract's lane order.
 fn lane_dot(a: &[f32], b: &[f32]) -> f32 {
