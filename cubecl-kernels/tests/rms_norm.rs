@@ -4,7 +4,7 @@
 
 mod common;
 
-use burn_invariant_cubecl::rms_norm::with_two_pass_backward;
+use burn_invariant_cubecl::rms_norm::{with_one_pass_width, with_two_pass_backward};
 use burn_invariant_cubecl::{
     FloatDType, KernelError, RmsNormGradRefs, RmsNormRefs, rms_norm_backward,
     rms_norm_backward_workspace_len, rms_norm_forward, rms_norm_limits,
@@ -530,6 +530,17 @@ fn rms_norm_perf_cuda() {
         let two = time(&|| {
             with_two_pass_backward(|| rms_norm_backward(client, &inputs, &grads).unwrap())
         });
+        for width in [1usize, 2] {
+            let t = time(&|| {
+                with_one_pass_width(width, || {
+                    rms_norm_backward(client, &inputs, &grads).unwrap()
+                })
+            });
+            println!(
+                "RESULT rms_norm bf16 [{n}, {d}]: one-pass backward, vectors of {width}: {:.1} us",
+                t * 1e6
+            );
+        }
         let elems = (n * d * dt.size()) as f64;
         let gbs = |bytes: f64, s: f64| bytes / s / 1e9;
         println!(

@@ -112,6 +112,9 @@ pub(crate) fn offer(list: &mut Candidates, key: f32, z: f32, j: u32, #[comptime]
     enters
 }
 
+/// `2⁻²²`: twice the relative rounding of an f32.
+const CONTRACTION_SLACK: f32 = 2.384_185_8e-7;
+
 /// Offers tempered logit `z` of column `j`: with noise and one slot its Gumbel key (skipped where
 /// `z` plus a bound of its noise (`NOISE_MAX`, then the column's [`noise_cap`]) is below the best
 /// key or below `bar`, the largest logit seen so far plus `NOISE_MIN`, whose own key is at least
@@ -128,8 +131,10 @@ pub(crate) fn offer_logit(
     if comptime![pick.noise && pick.k == 1] {
         let reach = z + NOISE_MAX;
         if reach >= list.key[0] && reach >= bar {
-            // The column's own cap (cheap: its hash) skips almost every remaining noise.
-            let capped = z + noise_cap(row, j);
+            // The column's own cap (cheap: its hash) skips almost every remaining noise. The
+            // slack (at least two units in z's last place) covers a compiler contracting z's
+            // product into one of the two sums and not the other.
+            let capped = z + noise_cap(row, j) + f32::abs(z) * CONTRACTION_SLACK;
             if capped >= list.key[0] && capped >= bar {
                 let key = z + gumbel(row, j, pick.emulate_fma);
                 offer(list, key, z, j, 1u32);

@@ -43,6 +43,24 @@ use kernels::{
 thread_local! {
     static REJECTED_LAUNCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static TWO_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static ONE_PASS_WIDTH: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+}
+
+/// Perf hook: runs `f` with this thread's one-pass backward loading vectors of at most `width`
+/// elements, rounded down to a power of two (the same bits at every such width), so that a
+/// benchmark can compare widths in one process. Other threads are unaffected; the previous
+/// setting is restored when `f` returns or unwinds.
+#[doc(hidden)]
+pub fn with_one_pass_width<T>(width: usize, f: impl FnOnce() -> T) -> T {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ONE_PASS_WIDTH.with(|w| w.set(self.0));
+        }
+    }
+    let width = 1usize << width.max(1).ilog2();
+    let _restore = Restore(ONE_PASS_WIDTH.with(|w| w.replace(width)));
+    f()
 }
 
 /// Test hook: runs `f` with this thread's [`rms_norm_backward`] taking the two-pass kernels at
@@ -298,7 +316,8 @@ pub fn rms_norm_backward<R: Runtime>(
     if n == 0 {
         return bwd.zero_grad_gamma();
     }
-    match one_pass_cfg(d, es, w, bwd.emulate()) {
+    let widest = w.min(ONE_PASS_WIDTH.with(std::cell::Cell::get));
+    match one_pass_cfg(d, es, widest, bwd.emulate()) {
         Some(cfg) if !TWO_PASS.with(std::cell::Cell::get) => bwd.launch_one_pass(cfg)?,
         _ => {
             bwd.launch_dx()?;
