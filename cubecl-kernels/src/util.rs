@@ -314,12 +314,22 @@ pub fn with_thread_flag<T>(
     flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
     f: impl FnOnce() -> T,
 ) -> T {
-    struct Restore(&'static std::thread::LocalKey<std::cell::Cell<bool>>, bool);
-    impl Drop for Restore {
+    with_thread_value(flag, true, f)
+}
+
+/// Runs `f` with this thread's `key` holding `value`, restoring its previous value when `f`
+/// returns or unwinds; other threads are unaffected.
+pub(crate) fn with_thread_value<V: Copy + 'static, T>(
+    key: &'static std::thread::LocalKey<std::cell::Cell<V>>,
+    value: V,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore<V: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<V>>, V);
+    impl<V: Copy + 'static> Drop for Restore<V> {
         fn drop(&mut self) {
-            self.0.with(|on| on.set(self.1));
+            self.0.with(|cell| cell.set(self.1));
         }
     }
-    let _restore = Restore(flag, flag.with(|on| on.replace(true)));
+    let _restore = Restore(key, key.with(|cell| cell.replace(value)));
     f()
 }

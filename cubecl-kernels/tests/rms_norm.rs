@@ -4,7 +4,7 @@
 
 mod common;
 
-use burn_invariant_cubecl::rms_norm::{with_one_pass_width, with_two_pass_backward};
+use burn_invariant_cubecl::rms_norm::with_two_pass_backward;
 use burn_invariant_cubecl::{
     FloatDType, KernelError, RmsNormGradRefs, RmsNormRefs, rms_norm_backward,
     rms_norm_backward_workspace_len, rms_norm_forward, rms_norm_limits,
@@ -482,6 +482,7 @@ fn rms_norm_cuda() {
 #[test]
 #[ignore]
 fn rms_norm_perf_cuda() {
+    use burn_invariant_cubecl::rms_norm::with_one_pass_width;
     with_cuda(|client| {
         let (n, d, dt) = (16384usize, 4096usize, Dt::BF16);
         let (x, gamma, dy) = data(n, d, dt);

@@ -472,26 +472,27 @@ pub(crate) struct OnePassCfg {
     pub emulate_fma: bool,
 }
 
-/// The one pass's lanes of the row held in `xv`, `dv` (unit `u` holds its vectors at
-/// `k·256 + w·u`): `ss_l[j]` = `Σ x²` and `dot_l[j]` = `Σ g·x` (`g = dy·gamma`) of lane `w·u + j`,
-/// fma chains ascending from +0.0.
+/// The one pass's `(Σ x², Σ g·x)` of the row held in `xv`, `dv` (`g = dy·gamma`; unit `u` holds
+/// its vectors at `k·256 + w·u`): each lane an fma chain ascending from +0.0, then the lane tree.
+/// Every unit of the cube must call it.
 #[cube]
-#[allow(clippy::too_many_arguments)] // #[cube] helpers take each tensor and index separately
-fn held_row_lanes<F: Float, N: Size>(
+fn held_row_sums<F: Float, N: Size>(
     xv: &Array<Vector<F, N>>,
     dv: &Array<Vector<F, N>>,
-    gamma: &Tensor<Vector<F, N>>,
-    gamma_at: (usize, usize),
-    ss_l: &mut Array<f32>,
-    dot_l: &mut Array<f32>,
+    ins: &DxInputs<F, N>,
     u: usize,
     d: usize,
-    #[comptime] w: usize,
-    #[comptime] rounds: usize,
-    #[comptime] emulate_fma: bool,
-) {
-    let (gb, gs) = gamma_at;
+    #[comptime] cfg: OnePassCfg,
+) -> (f32, f32) {
+    let (w, rounds, emulate_fma) = (
+        comptime![cfg.w],
+        comptime![cfg.rounds],
+        comptime![cfg.emulate_fma],
+    );
+    let (gb, gs) = (ins.g_off as usize, ins.g_stride as usize);
     let last = d - w;
+    let mut ss_l = Array::<f32>::new(w);
+    let mut dot_l = Array::<f32>::new(w);
     #[unroll]
     for j in 0..w {
         ss_l[j] = 0.0f32;
@@ -501,7 +502,7 @@ fn held_row_lanes<F: Float, N: Size>(
     for k in 0..rounds {
         let e = k * RMS_NORM_LANES + w * u;
         if k * RMS_NORM_LANES < d {
-            let gk = gamma[(gb + min(e, last) * gs) / w];
+            let gk = ins.gamma[(gb + min(e, last) * gs) / w];
             let (xk, dk) = (xv[k], dv[k]);
             #[unroll]
             for j in 0..w {
@@ -512,6 +513,7 @@ fn held_row_lanes<F: Float, N: Size>(
             }
         }
     }
+    lane_tree(&ss_l, &dot_l, w, 1usize, true)
 }
 
 /// The whole backward of one block of `RMS_NORM_ROW_BLOCK` rows in one pass over `x` and `dy`
@@ -553,8 +555,6 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
     }
     let mut xv = Array::<Vector<F, N>>::new(rounds);
     let mut dv = Array::<Vector<F, N>>::new(rounds);
-    let mut ss_l = Array::<f32>::new(w);
-    let mut dot_l = Array::<f32>::new(w);
     for i in 0..end - row0 {
         let row = row0 + i;
         let xb = ins.xo.offset as usize + row * ins.xo.s0 as usize;
@@ -568,20 +568,7 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
                 dv[k] = ins.dy[(db + e * ds) / w];
             }
         }
-        held_row_lanes::<F, N>(
-            &xv,
-            &dv,
-            &ins.gamma,
-            (gb, gs),
-            &mut ss_l,
-            &mut dot_l,
-            u,
-            d,
-            w,
-            rounds,
-            emulate_fma,
-        );
-        let (ss, dot) = lane_tree(&ss_l, &dot_l, w, 1usize, true);
+        let (ss, dot) = held_row_sums::<F, N>(&xv, &dv, ins, u, d, cfg);
         // The tree's shared memory is written again by the next row.
         sync_cube();
         let r = inv_rms(ss, sz.d_f, sz.eps, emulate_fma);

@@ -52,15 +52,7 @@ thread_local! {
 /// setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_one_pass_width<T>(width: usize, f: impl FnOnce() -> T) -> T {
-    struct Restore(usize);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            ONE_PASS_WIDTH.with(|w| w.set(self.0));
-        }
-    }
-    let width = 1usize << width.max(1).ilog2();
-    let _restore = Restore(ONE_PASS_WIDTH.with(|w| w.replace(width)));
-    f()
+    crate::util::with_thread_value(&ONE_PASS_WIDTH, 1usize << width.max(1).ilog2(), f)
 }
 
 /// Test hook: runs `f` with this thread's [`rms_norm_backward`] taking the two-pass kernels at
