@@ -4,7 +4,7 @@
 
 mod common;
 
-use burn_invariant_cubecl::rms_norm::with_two_pass_backward;
+use burn_invariant_cubecl::rms_norm::{with_row_kernels, with_two_pass_backward};
 use burn_invariant_cubecl::{
     FloatDType, KernelError, RmsNormGradRefs, RmsNormRefs, rms_norm_backward,
     rms_norm_backward_workspace_len, rms_norm_forward, rms_norm_limits,
@@ -277,7 +277,8 @@ fn equals_reference<R: Runtime>(client: &ComputeClient<R>) {
 }
 
 /// The one-pass backward (rows that fit its registers) and the two-pass kernels give the same
-/// bits: the vector widths the one pass picks (D = 600 keeps the widest, 4100 and 8192 narrow
+/// bits, and the lane trees through plane shuffles give the shared-memory trees' bits (forward
+/// too): the vector widths the one pass picks (D = 600 keeps the widest, 4100 and 8192 narrow
 /// it), rounds padded to a power of two (4100), a partial last row block, and a transposed `x`.
 fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     for &(n, d) in &[(300usize, 600usize), (70, 4100), (33, 8192), (1, 256)] {
@@ -286,6 +287,22 @@ fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
         let two = with_two_pass_backward(|| backward(client, (&x, &gamma, &dy), n, dt));
         assert_eq!(bits(&one.0), bits(&two.0), "{dt:?} dx n={n} d={d}");
         assert_eq!(bits(&one.1), bits(&two.1), "{dt:?} dgamma n={n} d={d}");
+        // The lane trees in shared memory (where the device has planes): the same bits.
+        let plain = with_row_kernels(usize::MAX, false, || {
+            backward(client, (&x, &gamma, &dy), n, dt)
+        });
+        assert_eq!(
+            (bits(&plain.0), bits(&plain.1)),
+            (bits(&one.0), bits(&one.1)),
+            "{dt:?} backward, shared-memory tree n={n} d={d}"
+        );
+        let y = forward(client, (&x, &gamma), n, dt);
+        let y_plain = with_row_kernels(usize::MAX, false, || forward(client, (&x, &gamma), n, dt));
+        assert_eq!(
+            bits(&y_plain),
+            bits(&y),
+            "{dt:?} forward, shared-memory tree n={n} d={d}"
+        );
         let (xt, gb, dyb) = (
             upload_transposed_view(client, &x, n, d, dt),
             upload(client, &gamma, &[d], dt),
@@ -299,7 +316,7 @@ fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
         );
     }
     eprintln!(
-        "[{}] rms_norm {dt:?} one-pass backward == two-pass bitwise: PASS",
+        "[{}] rms_norm {dt:?} one-pass backward == two-pass, plane trees == shared-memory trees, bitwise: PASS",
         runtime_name(client)
     );
 }
@@ -482,7 +499,6 @@ fn rms_norm_cuda() {
 #[test]
 #[ignore]
 fn rms_norm_perf_cuda() {
-    use burn_invariant_cubecl::rms_norm::with_one_pass_width;
     with_cuda(|client| {
         let (n, d, dt) = (16384usize, 4096usize, Dt::BF16);
         let (x, gamma, dy) = data(n, d, dt);
@@ -527,18 +543,30 @@ fn rms_norm_perf_cuda() {
             s[3]
         };
         let fwd = time(&|| rms_norm_forward(client, &inputs, out.b()).unwrap());
+        let fwd_shared = time(&|| {
+            with_row_kernels(usize::MAX, false, || {
+                rms_norm_forward(client, &inputs, out.b()).unwrap()
+            })
+        });
+        println!(
+            "RESULT rms_norm bf16 [{n}, {d}]: forward, lane tree in shared memory: {:.1} us",
+            fwd_shared * 1e6
+        );
         let bwd = time(&|| rms_norm_backward(client, &inputs, &grads).unwrap());
         let two = time(&|| {
             with_two_pass_backward(|| rms_norm_backward(client, &inputs, &grads).unwrap())
         });
-        for width in [1usize, 2] {
+        // The one-pass kernel at each vector width, its lane tree through plane shuffles and in
+        // shared memory.
+        for (width, plane) in [(4usize, true), (4, false), (2, true), (2, false)] {
             let t = time(&|| {
-                with_one_pass_width(width, || {
+                with_row_kernels(width, plane, || {
                     rms_norm_backward(client, &inputs, &grads).unwrap()
                 })
             });
             println!(
-                "RESULT rms_norm bf16 [{n}, {d}]: one-pass backward, vectors of {width}: {:.1} us",
+                "RESULT rms_norm bf16 [{n}, {d}]: one-pass backward, vectors of {width}, \
+                 plane tree {plane}: {:.1} us",
                 t * 1e6
             );
         }

@@ -26,9 +26,23 @@ fn row_geometry() -> (usize, usize) {
     (UNIT_POS_X as usize, UNIT_POS_Y as usize)
 }
 
+/// Lanes of one sum a level of [`lane_tree`] moves through shared memory, at most (the first
+/// level's half of the row).
+const HALF_LANES: usize = RMS_NORM_LANES / 2;
+/// f32 of [`lane_tree`]'s shared memory per row: two exchange buffers of both sums' halves,
+/// then the sums.
+const TREE_WORDS: usize = 4 * HALF_LANES + 2;
+
 /// `lane[t] += lane[t + s]` for `s = 128, …, 1` over the 256 lanes of each row of the cube
-/// (`lanes_*[j]` is lane `w·u + j` of this unit), for one or two sums; returns lane 0 of each.
-/// Every unit of the cube must call it.
+/// (`lanes_*[j]` is lane `w·u + j` of this unit), for one or two sums; returns lane 0 of each
+/// to every unit of its row. A level whose partner units (`s / w` apart) share a plane of
+/// `plane` units adds the partner's lanes through `plane_shuffle_down`; a wider one (every one
+/// with `plane = 0`) goes through shared memory, two buffers taken in turn, one barrier per
+/// level; the levels below `w` add inside the unit. Lane 0's sums then reach the row's units
+/// through a plane shuffle, or shared memory past one plane. The same pairs at every `plane`,
+/// so the same bits. A row's shared memory is read before the next call's first barrier and
+/// written after it, so calls in a loop need no barrier between them. Every unit of the cube
+/// must call it.
 #[cube]
 fn lane_tree(
     lanes_a: &Array<f32>,
@@ -36,49 +50,91 @@ fn lane_tree(
     #[comptime] w: usize,
     #[comptime] rows_per_cube: usize,
     #[comptime] two: bool,
+    #[comptime] plane: usize,
 ) -> (f32, f32) {
     let units = comptime!(RMS_NORM_LANES / w);
     let (u, ry) = row_geometry();
-    let base = ry * RMS_NORM_LANES;
-    let mut a_s = SharedMemory::<f32>::new(rows_per_cube * RMS_NORM_LANES);
-    let mut b_s = SharedMemory::<f32>::new(rows_per_cube * RMS_NORM_LANES);
+    let base = ry * TREE_WORDS;
+    // None where the whole row is one plane's.
+    let words = comptime!(if units > plane { TREE_WORDS } else { 1 });
+    let mut xch = SharedMemory::<f32>::new(comptime!(rows_per_cube * words));
+    let mut a = Array::<f32>::new(w);
+    let mut b = Array::<f32>::new(w);
     #[unroll]
     for j in 0..w {
-        a_s[base + w * u + j] = lanes_a[j];
-        if comptime![two] {
-            b_s[base + w * u + j] = lanes_b[j];
-        }
+        a[j] = lanes_a[j];
+        b[j] = lanes_b[j];
     }
-    sync_cube();
     #[unroll]
     for level in 0..TREE_LEVELS {
         let s = comptime!(RMS_NORM_LANES >> (level + 1));
-        #[unroll]
-        for q in 0..comptime!(s.div_ceil(units)) {
-            let t = q * units + u;
-            if t < s {
-                a_s[base + t] += a_s[base + t + s];
+        if comptime!(s >= w) {
+            let delta = comptime!(s / w);
+            if comptime!(2 * delta > plane) {
+                let buf = base + comptime!((level % 2) * 2 * HALF_LANES);
+                if u >= delta && u < 2 * delta {
+                    #[unroll]
+                    for j in 0..w {
+                        xch[buf + (u - delta) * w + j] = a[j];
+                        if comptime![two] {
+                            xch[buf + HALF_LANES + (u - delta) * w + j] = b[j];
+                        }
+                    }
+                }
+                sync_cube();
+                if u < delta {
+                    #[unroll]
+                    for j in 0..w {
+                        a[j] += xch[buf + u * w + j];
+                        if comptime![two] {
+                            b[j] += xch[buf + HALF_LANES + u * w + j];
+                        }
+                    }
+                }
+            } else {
+                // Units past `delta` add lanes no later level reads.
+                #[unroll]
+                for j in 0..w {
+                    a[j] += plane_shuffle_down(a[j], comptime!(delta as u32));
+                    if comptime![two] {
+                        b[j] += plane_shuffle_down(b[j], comptime!(delta as u32));
+                    }
+                }
+            }
+        } else {
+            #[unroll]
+            for j in 0..s {
+                a[j] += a[j + s];
                 if comptime![two] {
-                    b_s[base + t] += b_s[base + t + s];
+                    b[j] += b[j + s];
                 }
             }
         }
+    }
+    if comptime!(units <= plane) {
+        // The row's unit 0 within the plane (a plane may hold several rows).
+        let src = ((ry * units) % plane) as u32;
+        (plane_shuffle(a[0], src), plane_shuffle(b[0], src))
+    } else {
+        let at = base + comptime!(4 * HALF_LANES);
+        if u == 0 {
+            xch[at] = a[0];
+            xch[at + 1] = b[0];
+        }
         sync_cube();
+        (xch[at], xch[at + 1])
     }
-    let mut b0 = 0.0f32;
-    if comptime![two] {
-        b0 = b_s[base];
-    }
-    (a_s[base], b0)
 }
 
 /// The row kernels' compile-time configuration: the vector width `w` (rows per cube of the
-/// forward and dx kernels), vectors loaded per `batch`, `fma` emulated.
+/// forward and dx kernels), vectors loaded per `batch`, `fma` emulated, and the plane size of
+/// the lane tree's shuffles (0: every level in shared memory; see [`lane_tree`]).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct RowCfg {
     pub w: usize,
     pub batch: usize,
     pub emulate_fma: bool,
+    pub plane: usize,
 }
 
 /// The forward's inputs: `x` and its view, `gamma` at `g_off + col·g_stride`.
@@ -227,7 +283,14 @@ pub(crate) fn rms_norm_forward_kernel<F: Float, N: Size>(
             }
         }
     }
-    let (ss, _) = lane_tree(&lanes, &lanes, w, rows_per_cube, false);
+    let (ss, _) = lane_tree(
+        &lanes,
+        &lanes,
+        w,
+        rows_per_cube,
+        false,
+        comptime![cfg.plane],
+    );
     let r = inv_rms(ss, sz.d_f, sz.eps, emulate_fma);
     let ob = outs.oo.offset as usize + row_c * outs.oo.s0 as usize;
     let os = outs.oo.s1 as usize;
@@ -280,10 +343,13 @@ fn dx_rows<F: Float, N: Size>(
     d: usize,
     d_f: f32,
     eps: f32,
-    #[comptime] w: usize,
-    #[comptime] batch: usize,
-    #[comptime] emulate_fma: bool,
+    #[comptime] cfg: RowCfg,
 ) {
+    let (w, batch, emulate_fma) = (
+        comptime![cfg.w],
+        comptime![cfg.batch],
+        comptime![cfg.emulate_fma],
+    );
     let unroll = comptime!(!emulate_fma);
     let (u, ry) = row_geometry();
     let row = cube * w + ry;
@@ -328,7 +394,7 @@ fn dx_rows<F: Float, N: Size>(
             }
         }
     }
-    let (ss, dot) = lane_tree(&ss_l, &dot_l, w, w, true);
+    let (ss, dot) = lane_tree(&ss_l, &dot_l, w, w, true, comptime![cfg.plane]);
     let r = inv_rms(ss, d_f, eps, emulate_fma);
     let c = div_rn(((r * r) * r) * dot, d_f, emulate_fma);
     if active && u == 0 {
@@ -464,12 +530,14 @@ pub(crate) struct OnePassOutputs<F: Float, N: Size> {
 }
 
 /// The one-pass backward's compile-time configuration: the vector width `w`, `rounds` (a power
-/// of two, at least `ceil(D / 256)`: the vectors of a row each unit holds), `fma` emulated.
+/// of two, at least `ceil(D / 256)`: the vectors of a row each unit holds), `fma` emulated, and
+/// the plane size of the lane tree's shuffles (0: the tree in shared memory; see [`lane_tree`]).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct OnePassCfg {
     pub w: usize,
     pub rounds: usize,
     pub emulate_fma: bool,
+    pub plane: usize,
 }
 
 /// The one pass's `(Σ x², Σ g·x)` of the row held in `xv`, `dv` (`g = dy·gamma`; unit `u` holds
@@ -513,7 +581,7 @@ fn held_row_sums<F: Float, N: Size>(
             }
         }
     }
-    lane_tree(&ss_l, &dot_l, w, 1usize, true)
+    lane_tree(&ss_l, &dot_l, w, 1usize, true, comptime![cfg.plane])
 }
 
 /// The whole backward of one block of `RMS_NORM_ROW_BLOCK` rows in one pass over `x` and `dy`
@@ -569,8 +637,6 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
             }
         }
         let (ss, dot) = held_row_sums::<F, N>(&xv, &dv, ins, u, d, cfg);
-        // The tree's shared memory is written again by the next row.
-        sync_cube();
         let r = inv_rms(ss, sz.d_f, sz.eps, emulate_fma);
         let c = div_rn(((r * r) * r) * dot, sz.d_f, emulate_fma);
         let ob = outs.dxo.offset as usize + row * outs.dxo.s0 as usize;
@@ -613,11 +679,6 @@ pub(crate) fn rms_norm_dx_kernel<F: Float, N: Size>(
     #[comptime] cfg: RowCfg,
     #[define(F)] _dtype: StorageType,
 ) {
-    let (w, batch, emulate_fma) = (
-        comptime![cfg.w],
-        comptime![cfg.batch],
-        comptime![cfg.emulate_fma],
-    );
     dx_rows::<F, N>(
         &ins.x,
         &ins.xo,
@@ -634,9 +695,7 @@ pub(crate) fn rms_norm_dx_kernel<F: Float, N: Size>(
         sz.d as usize,
         sz.d_f,
         sz.eps,
-        w,
-        batch,
-        emulate_fma,
+        cfg,
     );
 }
 

@@ -5,7 +5,9 @@
 //! Kernels (see `kernels.rs`); global memory moves in vectors of up to `RMS_NORM_VECTOR_BYTES`
 //! where every operand is contiguous and aligned, else element by element (same bits):
 //! * forward: 256 lanes per row held by `256 / w` units (`w` rows per cube); unit `u` loads the
-//!   vectors at `k·256 + w·u` (coalesced) and owns lanes `w·u ..`; the lane tree in shared memory;
+//!   vectors at `k·256 + w·u` (coalesced) and owns lanes `w·u ..`; the lane tree through plane
+//!   shuffles where partner units share a plane (devices with one fixed plane size), through
+//!   shared memory elsewhere (the same pairs, the same bits);
 //!   then each unit writes its elements (from registers when the row fits one batch of loads).
 //! * backward, one pass (rows of up to [`RMS_NORM_ONE_PASS_WORDS`] words per unit): one cube
 //!   per block of [`RMS_NORM_ROW_BLOCK`] rows walks them in ascending order, each row in
@@ -32,6 +34,7 @@ use crate::util::{
     FloatDType, View, check_grid, check_out_view, check_runtime_dtype, check_view, expect_shape,
     launch_chunks, raw_arg, to_u32,
 };
+use cubecl::features::Plane;
 use cubecl::prelude::*;
 use kernels::{
     ColumnLaunch, DxInputsLaunch, DxOutputsLaunch, NormInputsLaunch, NormOutputLaunch, OnePassCfg,
@@ -43,16 +46,19 @@ use kernels::{
 thread_local! {
     static REJECTED_LAUNCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static TWO_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static ONE_PASS_WIDTH: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+    static ROW_KERNELS: std::cell::Cell<(usize, bool)> =
+        const { std::cell::Cell::new((usize::MAX, true)) };
 }
 
 /// Perf hook: runs `f` with this thread's one-pass backward loading vectors of at most `width`
-/// elements, rounded down to a power of two (the same bits at every such width), so that a
-/// benchmark can compare widths in one process. Other threads are unaffected; the previous
+/// elements (rounded down to a power of two) and, with `plane` false, every row kernel's lane
+/// tree in shared memory rather than through plane shuffles (the same bits in every case), so
+/// that a benchmark can compare them in one process. Other threads are unaffected; the previous
 /// setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
-pub fn with_one_pass_width<T>(width: usize, f: impl FnOnce() -> T) -> T {
-    crate::util::with_thread_value(&ONE_PASS_WIDTH, 1usize << width.max(1).ilog2(), f)
+pub fn with_row_kernels<T>(width: usize, plane: bool, f: impl FnOnce() -> T) -> T {
+    let width = 1usize << width.max(1).ilog2();
+    crate::util::with_thread_value(&ROW_KERNELS, (width, plane), f)
 }
 
 /// Test hook: runs `f` with this thread's [`rms_norm_backward`] taking the two-pass kernels at
@@ -252,6 +258,7 @@ pub fn rms_norm_forward<R: Runtime>(
                     w,
                     batch: RMS_NORM_BATCH,
                     emulate_fma: emulate,
+                    plane: tree_plane(client),
                 },
                 dtype,
             );
@@ -308,8 +315,8 @@ pub fn rms_norm_backward<R: Runtime>(
     if n == 0 {
         return bwd.zero_grad_gamma();
     }
-    let widest = w.min(ONE_PASS_WIDTH.with(std::cell::Cell::get));
-    match one_pass_cfg(d, es, widest, bwd.emulate()) {
+    let widest = ROW_KERNELS.with(std::cell::Cell::get).0;
+    match one_pass_cfg(d, es, w.min(widest), bwd.emulate(), tree_plane(client)) {
         Some(cfg) if !TWO_PASS.with(std::cell::Cell::get) => bwd.launch_one_pass(cfg)?,
         _ => {
             bwd.launch_dx()?;
@@ -323,8 +330,14 @@ pub fn rms_norm_backward<R: Runtime>(
 /// its units' registers: the widest vector `w' ≤ w` whose words per unit (the partials in f32
 /// plus the row's `x` and `dy`) stay within [`RMS_NORM_ONE_PASS_WORDS`]. Wide vectors keep the
 /// instructions per element low (scalar loads, 256 units per cube, ran 1.6× slower on an H200).
-/// Only which kernels run depends on it, never the bits.
-fn one_pass_cfg(d: usize, es: usize, w: usize, emulate_fma: bool) -> Option<OnePassCfg> {
+/// `plane`: see [`tree_plane`]. Only which kernels run depends on it, never the bits.
+fn one_pass_cfg(
+    d: usize,
+    es: usize,
+    w: usize,
+    emulate_fma: bool,
+    plane: usize,
+) -> Option<OnePassCfg> {
     let rounds = d.div_ceil(RMS_NORM_LANES).next_power_of_two();
     let words = |w: usize| rounds * w + 2 * rounds * (w * es).div_ceil(4);
     let mut w = w;
@@ -335,7 +348,23 @@ fn one_pass_cfg(d: usize, es: usize, w: usize, emulate_fma: bool) -> Option<OneP
         w,
         rounds,
         emulate_fma,
+        plane,
     })
+}
+
+/// The plane size of the row kernels' lane-tree shuffles: the device's, where it has plane
+/// operations and one fixed plane size (a power of two), else 0 (the tree in shared memory).
+/// Only the speed depends on it.
+fn tree_plane<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    let props = client.properties();
+    let hw = &props.hardware;
+    let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max.is_power_of_two();
+    let allowed = ROW_KERNELS.with(std::cell::Cell::get).1;
+    if allowed && props.features.plane.contains(Plane::Ops) && fixed && hw.plane_size_max > 1 {
+        hw.plane_size_max as usize
+    } else {
+        0
+    }
 }
 
 /// Units per cube of the `dGamma` sum.
@@ -483,6 +512,7 @@ impl<R: Runtime> Backward<'_, R> {
                         w,
                         batch: RMS_NORM_BWD_BATCH,
                         emulate_fma: self.emulate(),
+                        plane: tree_plane(client),
                     },
                     self.dtype(),
                 );
@@ -526,6 +556,8 @@ impl<R: Runtime> Backward<'_, R> {
                     w: wg,
                     batch: RMS_NORM_ROW_BATCH,
                     emulate_fma: self.emulate(),
+                    // No lane tree.
+                    plane: 0,
                 },
                 self.dtype(),
             );
@@ -575,7 +607,7 @@ mod tests {
     /// vectors past 4096; wider rows and f32 rows past 8192 take the two passes.
     #[test]
     fn one_pass_covers_model_widths() {
-        let cfg = |d, es, w| one_pass_cfg(d, es, w, false).map(|c| (c.w, c.rounds));
+        let cfg = |d, es, w| one_pass_cfg(d, es, w, false, 32).map(|c| (c.w, c.rounds));
         assert_eq!(cfg(4096, 2, 4), Some((4, 16)));
         assert_eq!(cfg(5120, 2, 4), Some((2, 32)));
         assert_eq!(cfg(8192, 2, 4), Some((2, 32)));
