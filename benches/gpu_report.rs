@@ -13,7 +13,8 @@
 //! N = 64 and 4096, D = 4096, V = 128256: Gumbel-max, greedy and top-50 beside `linear_logp_full`
 //! (the same pass without a draw), on flat logits (every column's noise computed) and peaked ones
 //! (most columns too far below the best to need noise); `benches/sample_reference.py` times
-//! cuBLAS and PyTorch's sampling at the same shapes.
+//! cuBLAS and PyTorch's sampling at the same shapes. `--rows 4096` (or 64) keeps one N, so that a
+//! profiler's first launch of a kernel is that N's.
 //! `memory`: device memory around one forward + backward (cubecl's in-use and reserved bytes, and
 //! `nvidia-smi`'s figure for this process), `MEMORY` lines.
 //!
@@ -354,7 +355,7 @@ fn api_logp_cases<U: AutodiffBackend + InvariantBackend>(
 
 /// `linear_sample` through the public API (see the module doc), names
 /// `<Impl>Api+<rule>+<flat|peaked>`; the hidden states' scale sets the logits' spread.
-fn sample_cases<U: InvariantBackend>(device: &U::Device) {
+fn sample_cases<U: InvariantBackend>(device: &U::Device, rows: Option<usize>) {
     let rand = |shape: [usize; 2], scale: f64| {
         Tensor::<U, 2>::random(shape, Distribution::Uniform(-scale, scale), device)
             .cast(DType::BF16)
@@ -369,7 +370,10 @@ fn sample_cases<U: InvariantBackend>(device: &U::Device) {
     ];
     for imp in [Implementation::Sm90, Implementation::CubeCl] {
         force(imp);
-        for n in [64usize, 4096] {
+        for n in [64usize, 4096]
+            .into_iter()
+            .filter(|&n| rows.is_none_or(|r| r == n))
+        {
             let keys: Tensor<U, 1, Int> =
                 Tensor::from_data(TensorData::new((0..n as i64).collect(), [n]), device);
             let shape = format!("dtype=bf16 n={n} d={d} v={v}");
@@ -543,6 +547,10 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
 struct Args {
     /// One part: matmul, logp, api (the default runs these three), rl, sample or memory.
     part: Option<String>,
+    /// `sample` only: time only this N (64 or 4096), so that a profiler's first launch of a
+    /// kernel is that N's.
+    #[arg(long)]
+    rows: Option<usize>,
     #[arg(long, hide = true)]
     bench: bool,
 }
@@ -576,7 +584,7 @@ fn main() {
             memory_cases(&device);
         }
         if filter == "sample" {
-            sample_cases::<User>(&device);
+            sample_cases::<User>(&device, args.rows);
         }
         #[cfg(feature = "wgpu")]
         if filter == "wgpu" {
