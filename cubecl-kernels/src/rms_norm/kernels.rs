@@ -26,12 +26,13 @@ fn row_geometry() -> (usize, usize) {
     (UNIT_POS_X as usize, UNIT_POS_Y as usize)
 }
 
-/// Lanes of one sum a level of [`lane_tree`] moves through shared memory, at most (the first
-/// level's half of the row).
+/// Lanes of one sum that a level of [`lane_tree`] moves through shared memory: at most half the
+/// row (level 0, and so every even level, in the first buffer), a quarter at the odd levels (the
+/// second buffer).
 const HALF_LANES: usize = RMS_NORM_LANES / 2;
-/// f32 of [`lane_tree`]'s shared memory per row: two exchange buffers of both sums' halves,
-/// then the sums.
-const TREE_WORDS: usize = 4 * HALF_LANES + 2;
+/// f32 of [`lane_tree`]'s shared memory per row: the even levels' buffer of both sums
+/// (`2·HALF_LANES`), the odd levels' (`HALF_LANES`), then the two sums.
+const TREE_WORDS: usize = 3 * HALF_LANES + 2;
 
 /// `lane[t] += lane[t + s]` for `s = 128, …, 1` over the 256 lanes of each row of the cube
 /// (`lanes_*[j]` is lane `w·u + j` of this unit), for one or two sums; returns lane 0 of each
@@ -40,9 +41,12 @@ const TREE_WORDS: usize = 4 * HALF_LANES + 2;
 /// with `plane = 0`) goes through shared memory, two buffers taken in turn, one barrier per
 /// level; the levels below `w` add inside the unit. Lane 0's sums then reach the row's units
 /// through a plane shuffle, or shared memory past one plane. The same pairs at every `plane`,
-/// so the same bits. A row's shared memory is read before the next call's first barrier and
-/// written after it, so calls in a loop need no barrier between them. Every unit of the cube
-/// must call it.
+/// so the same bits. Calls in a loop need no barrier between them: shared memory holds level 0
+/// exactly when the sums go through it too (`units > plane`), so a row's exchange reads all
+/// precede its sums' barrier, which every unit passes before the next row's writes, and its sums
+/// are read before the next row's first barrier, after which they are written. Every unit of
+/// the cube must call it; `plane > 0` assumes the runtime numbers a cube's units into planes
+/// consecutively ([`super::tree_plane`]).
 #[cube]
 fn lane_tree(
     lanes_a: &Array<f32>,
@@ -55,7 +59,7 @@ fn lane_tree(
     let units = comptime!(RMS_NORM_LANES / w);
     let (u, ry) = row_geometry();
     let base = ry * TREE_WORDS;
-    // None where the whole row is one plane's.
+    // An unused word where the whole row is one plane's.
     let words = comptime!(if units > plane { TREE_WORDS } else { 1 });
     let mut xch = SharedMemory::<f32>::new(comptime!(rows_per_cube * words));
     let mut a = Array::<f32>::new(w);
@@ -63,7 +67,9 @@ fn lane_tree(
     #[unroll]
     for j in 0..w {
         a[j] = lanes_a[j];
-        b[j] = lanes_b[j];
+        if comptime![two] {
+            b[j] = lanes_b[j];
+        }
     }
     #[unroll]
     for level in 0..TREE_LEVELS {
@@ -71,13 +77,19 @@ fn lane_tree(
         if comptime!(s >= w) {
             let delta = comptime!(s / w);
             if comptime!(2 * delta > plane) {
-                let buf = base + comptime!((level % 2) * 2 * HALF_LANES);
+                // Even levels in the first buffer, odd ones (half as wide) in the second.
+                let (off, half) = comptime!(if level % 2 == 0 {
+                    (0, HALF_LANES)
+                } else {
+                    (2 * HALF_LANES, HALF_LANES / 2)
+                });
+                let buf = base + off;
                 if u >= delta && u < 2 * delta {
                     #[unroll]
                     for j in 0..w {
                         xch[buf + (u - delta) * w + j] = a[j];
                         if comptime![two] {
-                            xch[buf + HALF_LANES + (u - delta) * w + j] = b[j];
+                            xch[buf + half + (u - delta) * w + j] = b[j];
                         }
                     }
                 }
@@ -87,7 +99,7 @@ fn lane_tree(
                     for j in 0..w {
                         a[j] += xch[buf + u * w + j];
                         if comptime![two] {
-                            b[j] += xch[buf + HALF_LANES + u * w + j];
+                            b[j] += xch[buf + half + u * w + j];
                         }
                     }
                 }
@@ -114,15 +126,25 @@ fn lane_tree(
     if comptime!(units <= plane) {
         // The row's unit 0 within the plane (a plane may hold several rows).
         let src = ((ry * units) % plane) as u32;
-        (plane_shuffle(a[0], src), plane_shuffle(b[0], src))
+        let mut b0 = 0.0f32;
+        if comptime![two] {
+            b0 = plane_shuffle(b[0], src);
+        }
+        (plane_shuffle(a[0], src), b0)
     } else {
-        let at = base + comptime!(4 * HALF_LANES);
+        let at = base + comptime!(3 * HALF_LANES);
         if u == 0 {
             xch[at] = a[0];
-            xch[at + 1] = b[0];
+            if comptime![two] {
+                xch[at + 1] = b[0];
+            }
         }
         sync_cube();
-        (xch[at], xch[at + 1])
+        let mut b0 = 0.0f32;
+        if comptime![two] {
+            b0 = xch[at + 1];
+        }
+        (xch[at], b0)
     }
 }
 

@@ -352,15 +352,18 @@ fn one_pass_cfg(
     })
 }
 
-/// The plane size of the row kernels' lane-tree shuffles: the device's, where it has plane
-/// operations and one fixed plane size (a power of two), else 0 (the tree in shared memory).
-/// Only the speed depends on it.
-fn tree_plane<R: Runtime>(client: &ComputeClient<R>) -> usize {
+/// The plane size of the row kernels' lane-tree shuffles: the device's, where the runtime is
+/// CUDA or HIP (which number a cube's units into planes consecutively, as the tree's partner
+/// arithmetic needs; Vulkan and WebGPU do not promise it) with plane operations and one fixed
+/// plane size (a power of two), else 0 (the tree in shared memory). Only the speed depends on it.
+#[doc(hidden)]
+pub fn tree_plane<R: Runtime>(client: &ComputeClient<R>) -> usize {
     let props = client.properties();
     let hw = &props.hardware;
+    let consecutive = matches!(R::name(client), "cuda" | "hip");
     let fixed = hw.plane_size_min == hw.plane_size_max && hw.plane_size_max.is_power_of_two();
     let allowed = ROW_KERNELS.with(std::cell::Cell::get).1;
-    if allowed && props.features.plane.contains(Plane::Ops) && fixed && hw.plane_size_max > 1 {
+    if allowed && consecutive && props.features.plane.contains(Plane::Ops) && fixed {
         hw.plane_size_max as usize
     } else {
         0

@@ -751,9 +751,10 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     }
 
     // ---------------------------------------------------------------------------------------
-    // RMSNorm: rms_norm_forward_kernel / rms_norm_dx_kernel <F, N>{w = N, batch, emulate},
+    // RMSNorm: rms_norm_forward_kernel / rms_norm_dx_kernel <F, N>{w = N, batch, emulate, plane},
     // rms_norm_partials_kernel <F, M = min(w, 2)>, rms_norm_dgamma_kernel <F>,
-    // rms_norm_zero_kernel <F>, rms_norm_backward_kernel <F, N>{w = N, rounds, emulate}. The
+    // rms_norm_zero_kernel <F>, rms_norm_backward_kernel <F, N>{w = N, rounds, emulate, plane}
+    // (plane: the recording client's, so the plane-shuffle trees; shared-memory ones on wgpu). The
     // vector width w is the widest of the client's IO widths of at most 8 bytes that divides D
     // (every operand contiguous and aligned): D = 37 → 1, 150 → 2, 152 → 4 (f16 / bf16; f32
     // stops at 2); the one-pass backward narrows it where its row would not fit its registers.
@@ -764,16 +765,9 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     fn rms_norm(&mut self) {
         for dt in self.floats.clone() {
             let es = dt.size();
-            // Every bucket at the widest vectors; the narrower ones (the same code with smaller
-            // vectors) at the first and the last bucket.
-            let one_pass = [1usize, 2, 4, 8, 16, 32].into_iter().flat_map(|r| {
-                let ends: &[usize] = if r == 1 || r == 32 {
-                    &[9, 10, 12]
-                } else {
-                    &[12]
-                };
-                ends.iter().map(move |&e| (5usize, 256 * (r - 1) + e))
-            });
+            let one_pass = [1usize, 2, 4, 8, 16, 32]
+                .into_iter()
+                .flat_map(|r| [9usize, 10, 12].map(|e| (5usize, 256 * (r - 1) + e)));
             let shapes = [(5, 37), (5, 150), (5, 152), (0, 150)].into_iter();
             for (n, d) in shapes.chain(one_pass) {
                 let x = self.dense(&[n, d], es);
