@@ -6,7 +6,7 @@
 //! where every operand is contiguous and aligned, else element by element (same bits):
 //! * forward: 256 lanes per row held by `256 / w` units (`w` rows per cube); unit `u` loads the
 //!   vectors at `k·256 + w·u` (coalesced) and owns lanes `w·u ..`; the lane tree through plane
-//!   shuffles where partner units share a plane (devices with one fixed plane size), through
+//!   shuffles where partner units share a plane (CUDA and HIP, see [`tree_plane`]), through
 //!   shared memory elsewhere (the same pairs, the same bits);
 //!   then each unit writes its elements (from registers when the row fits one batch of loads).
 //! * backward, one pass (rows of up to [`RMS_NORM_ONE_PASS_WORDS`] words per unit): one cube
