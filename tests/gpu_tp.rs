@@ -122,7 +122,8 @@ fn assert_close(what: &str, got: &[f32], expected: &[f32], atol: f32, rtol: f32)
 }
 
 /// `tp::linear_sample` on NCCL, bf16: the tokens, logp, lse and entropy are bitwise the same on
-/// every rank and for world sizes 1, 2 and 4 (as far as GPUs are visible).
+/// every rank and for world sizes 1, 2 and 4 (as far as GPUs are visible), for plain sampling,
+/// greedy, top-5 and top-64.
 #[test]
 #[serial]
 fn nccl_tp_sample_is_bitwise_invariant_across_world_sizes() {
@@ -131,49 +132,60 @@ fn nccl_tp_sample_is_bitwise_invariant_across_world_sizes() {
         return;
     }
     let p = Arc::new(problem([37, 136, 50021], DType::BF16, true, None, 15));
-    let options = burn_invariant::SampleOptions::default()
+    let base = burn_invariant::SampleOptions::default()
         .with_seed(99)
         .with_temperature(0.8)
         .with_entropy(true);
-    let draw = |world: usize| {
-        let (p, options) = (p.clone(), options.clone());
-        let id = NcclId::new().expect("NCCL id");
-        on_ranks(world, move |rank| {
-            let device = CudaDevice::new(rank);
-            let group = NcclGroup::new(&device, rank, world, &id).expect("NCCL group");
-            let shard = VocabShard::split(rank, world, p.v);
-            let out = tp::linear_sample(
-                float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
-                matrix_rows::<B>(&p.weight, p.d, shard.range(), &device, p.dtype),
-                ints::<B>((0..p.n as i64).map(|i| 5 * i + 1).collect(), &device),
-                p.bias.as_ref().map(|b| {
-                    float::<B, 1>(b[shard.range()].to_vec(), [shard.len()], &device, p.dtype)
-                }),
-                &shard,
-                &group,
-                &options,
-            )
-            .expect("tp::linear_sample");
-            let host = |t: burn::tensor::Tensor<B, 1>| -> Vec<f32> {
-                t.into_data().convert::<f32>().iter::<f32>().collect()
-            };
-            let tokens: Vec<i64> = out.tokens.into_data().iter::<i64>().collect();
-            let entropy = out.entropy.map(host).unwrap_or_default();
-            (tokens, host(out.logp), host(out.lse), entropy)
-        })
-    };
-    let one = draw(1);
-    for world in [2, 4].into_iter().filter(|&w| w <= gpus) {
-        for (rank, out) in draw(world).iter().enumerate() {
-            let what = format!("world {world} rank {rank}");
-            assert_eq!(out.0, one[0].0, "{what}: tokens");
-            let want = &one[0];
-            for (name, got, want) in [
-                ("logp", &out.1, &want.1),
-                ("lse", &out.2, &want.2),
-                ("entropy", &out.3, &want.3),
-            ] {
-                assert_bits_eq(&format!("{what}: {name}"), &bits_of(got), &bits_of(want));
+    for options in [
+        base.clone(),
+        base.clone().with_greedy(true),
+        base.clone().with_top_k(5),
+        base.clone().with_top_k(64),
+    ] {
+        let draw = |world: usize| {
+            let (p, options) = (p.clone(), options.clone());
+            let id = NcclId::new().expect("NCCL id");
+            on_ranks(world, move |rank| {
+                let device = CudaDevice::new(rank);
+                let group = NcclGroup::new(&device, rank, world, &id).expect("NCCL group");
+                let shard = VocabShard::split(rank, world, p.v);
+                let out = tp::linear_sample(
+                    float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, p.dtype),
+                    matrix_rows::<B>(&p.weight, p.d, shard.range(), &device, p.dtype),
+                    ints::<B>((0..p.n as i64).map(|i| 5 * i + 1).collect(), &device),
+                    p.bias.as_ref().map(|b| {
+                        float::<B, 1>(b[shard.range()].to_vec(), [shard.len()], &device, p.dtype)
+                    }),
+                    &shard,
+                    &group,
+                    &options,
+                )
+                .expect("tp::linear_sample");
+                let host = |t: burn::tensor::Tensor<B, 1>| -> Vec<f32> {
+                    t.into_data().convert::<f32>().iter::<f32>().collect()
+                };
+                let tokens: Vec<i64> = out.tokens.into_data().iter::<i64>().collect();
+                let entropy = out.entropy.map(host).unwrap_or_default();
+                (tokens, host(out.logp), host(out.lse), entropy)
+            })
+        };
+        let one = draw(1);
+        assert!(
+            one[0].0.iter().all(|&t| (0..p.v as i64).contains(&t)),
+            "{options:?}: tokens in range"
+        );
+        for world in [2, 4].into_iter().filter(|&w| w <= gpus) {
+            for (rank, out) in draw(world).iter().enumerate() {
+                let what = format!("{options:?} world {world} rank {rank}");
+                assert_eq!(out.0, one[0].0, "{what}: tokens");
+                let want = &one[0];
+                for (name, got, want) in [
+                    ("logp", &out.1, &want.1),
+                    ("lse", &out.2, &want.2),
+                    ("entropy", &out.3, &want.3),
+                ] {
+                    assert_bits_eq(&format!("{what}: {name}"), &bits_of(got), &bits_of(want));
+                }
             }
         }
     }

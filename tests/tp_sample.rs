@@ -1,6 +1,7 @@
 //! Tensor-parallel `linear_sample` on NdArray with the in-process group: the same tokens and
 //! statistics on every rank and for world sizes 1, 2, 4 and 8 (bitwise), the statistics those of
-//! `tp::linear_logp_full` for the drawn tokens, the distribution (chi-square), collective errors.
+//! `tp::linear_logp_full` for the drawn tokens, the distribution (chi-square), greedy and top-k
+//! those of the single-rank Reference for every sharding, collective errors.
 #[allow(unused_macros)] // the generic suite macro is not used here
 mod common;
 
@@ -60,12 +61,7 @@ fn host(t: Tensor<B, 1>) -> Vec<f32> {
     t.into_data().iter::<f32>().collect()
 }
 
-fn rank_draw(
-    p: &Draw,
-    shard: VocabShard,
-    keys: Vec<i64>,
-    group: &InProcessGroup,
-) -> Result<Out, InvariantError> {
+fn rank_draw(p: &Draw, shard: VocabShard, group: &InProcessGroup) -> Result<Out, InvariantError> {
     let device = Default::default();
     let hidden = || float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32);
     let weight = || matrix_rows::<B>(&p.weight, p.d, shard.range(), &device, DType::F32);
@@ -79,7 +75,7 @@ fn rank_draw(
             )
         })
     };
-    let keys = ints::<B>(keys, &device);
+    let keys = ints::<B>(p.keys.clone(), &device);
     let out = tp::linear_sample(hidden(), weight(), keys, bias(), &shard, group, &p.options)?;
     let tokens: Vec<i64> = out.tokens.clone().into_data().iter::<i64>().collect();
     let scored = tp::linear_logp_full(
@@ -101,23 +97,23 @@ fn rank_draw(
     })
 }
 
+/// Every rank's draw, rank `r` with `rank_problem(r, p)`.
 fn run(
     p: &Draw,
     shards: &[VocabShard],
-    keys_of: impl Fn(usize) -> Vec<i64> + Send + Sync + 'static,
+    rank_problem: impl Fn(usize, &Draw) -> Draw + Send + Sync + 'static,
 ) -> Vec<Result<Out, InvariantError>> {
     let p = Arc::new(p.clone());
     let shards = shards.to_vec();
     ranks::on_ranks(
         InProcessGroup::new(shards.len()),
         WATCHDOG,
-        move |rank, group| rank_draw(&p, shards[rank], keys_of(rank), &group),
+        move |rank, group| rank_draw(&rank_problem(rank, &p), shards[rank], &group),
     )
 }
 
 fn run_ok(p: &Draw, shards: &[VocabShard]) -> Vec<Out> {
-    let keys = p.keys.clone();
-    run(p, shards, move |_| keys.clone())
+    run(p, shards, |_, p| p.clone())
         .into_iter()
         .map(|r| r.expect("tp::linear_sample"))
         .collect()
@@ -256,38 +252,140 @@ fn errors(results: Vec<Result<Out, InvariantError>>) -> InvariantError {
     errors[0].clone()
 }
 
+/// Greedy and top-k pick among the ranks' merged top-k lists: the same tokens for every world
+/// size and for uneven shards (one narrower than k, others cutting segments), and those of the
+/// single-rank Reference `linear_sample`, whose logits and pick are the same.
 #[test]
-fn refused_rules_and_bad_keys_fail_every_rank_alike() {
+fn greedy_and_top_k_are_the_single_rank_draw_for_every_sharding() {
+    for (shape, with_bias, seed, t) in [
+        ([13, 24, 600], true, 8, 1.0),
+        ([9, 16, 2100], false, 9, 0.7),
+    ] {
+        let base = draw_problem(shape, with_bias, seed);
+        let v = base.v;
+        let uneven = [
+            VocabShard::new(0, 40, v),
+            VocabShard::new(40, 401, v),
+            VocabShard::new(401, v, v),
+        ];
+        for options in [
+            base.options.clone().with_greedy(true),
+            base.options.clone().with_top_k(1),
+            base.options.clone().with_top_k(5),
+            base.options.clone().with_top_k(64),
+        ] {
+            let mut p = base.clone();
+            p.options = options.with_temperature(t).with_entropy(true);
+            let what = format!(
+                "{shape:?} T={t} greedy {} top_k {:?}",
+                p.options.greedy, p.options.top_k
+            );
+            let device = Default::default();
+            let single = burn_invariant::linear_sample(
+                float::<B, 2>(p.hidden.clone(), [p.n, p.d], &device, DType::F32),
+                float::<B, 2>(p.weight.clone(), [p.v, p.d], &device, DType::F32),
+                ints::<B>(p.keys.clone(), &device),
+                p.bias
+                    .clone()
+                    .map(|b| float::<B, 1>(b, [p.v], &device, DType::F32)),
+                &p.options,
+            )
+            .expect("linear_sample");
+            let single: Vec<i64> = single.tokens.into_data().iter::<i64>().collect();
+            let one = run_ok(&p, &split(1, v));
+            assert_eq!(one[0].tokens, single, "{what}: world 1 vs single rank");
+            assert_bits_eq(
+                &format!("{what}: logp = scored"),
+                &bits_of(&one[0].logp),
+                &bits_of(&one[0].scored_logp),
+            );
+            for shards in [split(2, v), split(4, v), split(8, v)] {
+                for (rank, out) in run_ok(&p, &shards).iter().enumerate() {
+                    let at = format!("{what} {} shards, rank {rank}", shards.len());
+                    assert_same(&at, out, &one[0]);
+                }
+            }
+            // Shards that cut segments: the same tokens (the statistics are those
+            // tp::linear_logp_full gives this sharding).
+            for (rank, out) in run_ok(&p, &uneven).iter().enumerate() {
+                assert_eq!(out.tokens, single, "{what} uneven, rank {rank}");
+                assert_bits_eq(
+                    &format!("{what} uneven, rank {rank}: logp = scored"),
+                    &bits_of(&out.logp),
+                    &bits_of(&out.scored_logp),
+                );
+            }
+        }
+        // Top-k draws: another seed other tokens; greedy ignores the seed.
+        let mut p = base.clone();
+        p.options = p.options.with_top_k(64);
+        let a = run_ok(&p, &split(2, v))[0].tokens.clone();
+        p.options.seed += 1;
+        assert_ne!(run_ok(&p, &split(2, v))[0].tokens, a, "top-k: seed");
+    }
+}
+
+#[test]
+fn bad_rules_and_keys_fail_every_rank_alike() {
     let p = draw_problem([5, 8, 64], false, 6);
     let shards = split(2, p.v);
     for (what, options) in [
-        ("greedy", p.options.clone().with_greedy(true)),
-        ("top_k", p.options.clone().with_top_k(4)),
+        ("top_k", p.options.clone().with_top_k(0)),
+        (
+            "top_k",
+            p.options.clone().with_top_k(burn_invariant::TOP_K_MAX + 1),
+        ),
+        (
+            "top_p",
+            SampleOptions {
+                top_p: Some(0.9),
+                ..p.options.clone()
+            },
+        ),
+        ("temperature", p.options.clone().with_temperature(0.0)),
     ] {
         let mut q = p.clone();
         q.options = options;
-        let keys = q.keys.clone();
-        let e = errors(run(&q, &shards, move |_| keys.clone()));
+        let e = errors(run(&q, &shards, |_, p| p.clone()));
         assert!(
             matches!(&e, InvariantError::RankFailed { reason, .. } if reason.contains(what)),
             "{what}: {e:?}"
         );
     }
-    // Keys of the wrong length on one rank; keys that differ between ranks.
-    let keys = p.keys.clone();
-    let e = errors(run(&p, &shards, move |r| keys[..keys.len() - r].to_vec()));
+    // Keys of the wrong length on one rank; keys, or the rule, that differ between ranks.
+    let e = errors(run(&p, &shards, |r, p| Draw {
+        keys: p.keys[..p.keys.len() - r].to_vec(),
+        ..p.clone()
+    }));
     assert!(
         matches!(e, InvariantError::RankFailed { rank: 1, .. }),
         "{e:?}"
     );
-    let keys = p.keys.clone();
-    let e = errors(run(&p, &shards, move |r| {
-        keys.iter().map(|k| k + r as i64).collect()
+    let e = errors(run(&p, &shards, |r, p| Draw {
+        keys: p.keys.iter().map(|k| k + r as i64).collect(),
+        ..p.clone()
     }));
     assert!(
         matches!(e, InvariantError::RankMismatch { rank: 1, .. }),
         "{e:?}"
     );
+    for other in [
+        p.options.clone().with_greedy(true),
+        p.options.clone().with_top_k(4),
+    ] {
+        let e = errors(run(&p, &shards, move |r, p| Draw {
+            options: if r == 1 {
+                other.clone()
+            } else {
+                p.options.clone()
+            },
+            ..p.clone()
+        }));
+        assert!(
+            matches!(e, InvariantError::RankMismatch { rank: 1, .. }),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]

@@ -2,6 +2,9 @@
 
 mod common;
 
+use burn_invariant_cubecl::logp::{
+    SampleSpec, linear_sample_forward, linear_sample_workspace_len, linear_top_k_forward,
+};
 use burn_invariant_cubecl::{
     KernelError, LogpGradRefs, LogpInputRefs, linear_logp_backward,
     linear_logp_backward_workspace_len, linear_logp_forward, linear_logp_forward_workspace_len,
@@ -531,6 +534,125 @@ fn errors<R: Runtime>(client: &ComputeClient<R>) {
     );
 }
 
+/// The vocabulary rows `[s, e)` of `p` (and their bias) as a problem of their own.
+fn columns(p: &Problem, s: usize, e: usize) -> Problem {
+    Problem {
+        v: e - s,
+        weight: p.weight[s * p.d..e * p.d].to_vec(),
+        bias: p.bias.as_ref().map(|b| b[s..e].to_vec()),
+        hidden: p.hidden.clone(),
+        targets: p.targets.clone(),
+        ..*p
+    }
+}
+
+/// `linear_top_k_forward` at temperature 1/2: `[N, 2k]` host values.
+fn top_k<R: Runtime>(client: &ComputeClient<R>, p: &Problem, k: u32) -> Vec<f32> {
+    let dev = upload_problem(client, p);
+    let inputs = LogpInputRefs {
+        ignore_index: None,
+        inv_temperature: 0.5,
+        ..inputs(&dev, p)
+    };
+    let kk = 2 * k as usize;
+    let out = alloc_dense(client, &[p.n, kk], Dt::F32);
+    let len = linear_sample_workspace_len(p.n, p.v, p.dt.storage(), k);
+    let ws = alloc_dense(client, &[len.max(1)], Dt::F32);
+    linear_top_k_forward(client, &inputs, k, out.b(), ws.b()).expect("top-k");
+    read_2d(client, &out, Dt::F32, p.n, kk)
+}
+
+/// The top-k lists: sorted (larger logit, then smaller column), the `k` largest logits within
+/// f32 rounding of the f64 ones, the lists of two vocabulary shards merged on the host bitwise
+/// the whole's, and top-1 the greedy sampler's token.
+fn check_top_k<R: Runtime>(client: &ComputeClient<R>, p: &Problem, k: u32, cut: usize) {
+    let kk = k as usize;
+    let what = format!("top-{k} {:?} [{}, {}, {}]", p.dt, p.n, p.d, p.v);
+    let whole = top_k(client, p, k);
+    let (left, right) = (
+        top_k(client, &columns(p, 0, cut), k),
+        top_k(client, &columns(p, cut, p.v), k),
+    );
+    let tol = match p.dt {
+        Dt::F32 => 1e-4,
+        _ => 1e-2,
+    };
+    for i in 0..p.n {
+        let row = |o: &[f32]| o[i * 2 * kk..(i + 1) * 2 * kk].to_vec();
+        let got = row(&whole);
+        let z64: Vec<f64> = p.z(i).iter().map(|z| z * 0.5).collect();
+        let mut sorted = z64.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        for e in 0..kk {
+            let (z, j) = (got[e], got[kk + e] as usize);
+            assert!(j < p.v, "{what} row {i} slot {e}: column {}", got[kk + e]);
+            assert!(
+                (z as f64 - z64[j]).abs() <= tol * (1.0 + z64[j].abs()),
+                "{what} row {i} slot {e}: z {z} vs {}",
+                z64[j]
+            );
+            assert!(
+                z as f64 >= sorted[e] - 2.0 * tol * (1.0 + sorted[e].abs()),
+                "{what} row {i} slot {e}: z {z} below the f64 rank {}",
+                sorted[e]
+            );
+            if e > 0 {
+                let (pz, pj) = (got[e - 1], got[kk + e - 1]);
+                assert!(
+                    pz > z || (pz == z && pj < got[kk + e]),
+                    "{what} row {i}: unsorted at {e}"
+                );
+            }
+        }
+        // The shards' lists, merged under the same order, are the whole's, bitwise.
+        let mut merged: Vec<(f32, usize)> = Vec::new();
+        for (list, start) in [(row(&left), 0), (row(&right), cut)] {
+            for e in 0..kk {
+                if list[kk + e] >= 0.0 {
+                    merged.push((list[e], list[kk + e] as usize + start));
+                }
+            }
+        }
+        merged.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let want: Vec<(u32, usize)> = merged[..kk]
+            .iter()
+            .map(|&(z, j)| (z.to_bits(), j))
+            .collect();
+        let have: Vec<(u32, usize)> = (0..kk)
+            .map(|e| (got[e].to_bits(), got[kk + e] as usize))
+            .collect();
+        assert_eq!(
+            have, want,
+            "{what} row {i}: shards [0, {cut}) + [{cut}, V) merged"
+        );
+    }
+    if k == 1 {
+        let dev = upload_problem(client, p);
+        let inputs = LogpInputRefs {
+            ignore_index: None,
+            inv_temperature: 0.5,
+            ..inputs(&dev, p)
+        };
+        let out = alloc_dense(client, &[p.n, 3], Dt::F32);
+        let spec = SampleSpec {
+            seed: 1,
+            k: 1,
+            noise: false,
+        };
+        let len = linear_sample_workspace_len(p.n, p.v, p.dt.storage(), 1);
+        let ws = alloc_dense(client, &[len], Dt::F32);
+        linear_sample_forward(client, &inputs, spec, out.b(), ws.b()).expect("greedy");
+        let greedy = read_2d(client, &out, Dt::F32, p.n, 3);
+        for i in 0..p.n {
+            assert_eq!(
+                whole[i * 2 + 1],
+                greedy[i * 3 + 2],
+                "{what} row {i}: top-1 vs greedy"
+            );
+        }
+    }
+}
+
 fn suite<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
     for &dt in dts {
         check_forward(client, &Problem::new(1, 7, 31, 1009, dt, true));
@@ -539,6 +661,9 @@ fn suite<R: Runtime>(client: &ComputeClient<R>, dts: &[Dt]) {
         forward_invariance(client, dt);
         check_backward(client, &Problem::new(4, 7, 31, 1009, dt, true));
         backward_invariance(client, dt);
+        for k in [1, 5, 64] {
+            check_top_k(client, &Problem::new(11, 9, 19, 5003, dt, true), k, 1234);
+        }
     }
     // Crosses the backward row (256) and vocab (4096) chunks and several forward segments.
     check_backward(client, &Problem::new(6, 300, 9, 5003, Dt::F32, true));

@@ -12,11 +12,17 @@
 //! the leaf's (other hash inputs). With shards on segment boundaries the leaves are the 8
 //! segments for every world size, so the tokens, and the `logp`, `lse` and `entropy` that
 //! [`super::linear_logp_full`] gives them, are bitwise the same for worlds 1, 2, 4 and 8.
+//!
+//! Greedy and top-k need no leaves: each rank's top-`k` list (logits and columns) over its whole
+//! shard, one host all-gather, then the Reference's pick among the merged lists. A column's logit
+//! depends on its own weight row alone, so the merged list is the whole vocabulary's for any
+//! sharding, and the token that of the single-rank Reference for the same logits.
 use burn::tensor::{DType, Int, Tensor, TensorData};
 
 use super::check::{self, fnv1a};
 use super::{Collective, VocabShard};
 use crate::ops::linear_sample::noise::{gumbel, row_word};
+use crate::ops::linear_sample::{SampleRule, api::linear_top_k, oracle::choose};
 use crate::validate::host_data;
 use crate::{
     InvariantBackend, InvariantError, LinearLogpOptions, LinearSampleOutput, SampleOptions,
@@ -27,11 +33,14 @@ use crate::{
 /// `options.entropy`) bitwise those of [`super::linear_logp_full`] for the drawn tokens with
 /// [`SampleOptions::logp_options`]; the same on every rank. `weight [end − start, D]` and
 /// `bias` are this rank's shard; `hidden` and `keys [N]` are global (the same on every rank,
-/// checked by a hash with the seed and the temperature). Plain sampling at any temperature;
-/// `greedy` and `top_k` are refused ([`InvariantError::InvalidArgument`]): picking among the
-/// leaves' winners exactly needs their logits, which the leaf pass does not return. The outputs are
-/// not differentiable. Validation is collective (the same error on every rank), as for
-/// [`super::linear_logp`].
+/// checked by a hash with the seed, the temperature and the rule). `greedy` and `top_k` merge the
+/// ranks' own top-k lists (logits and columns, [`LinearSampleOps::invariant_linear_top_k`]) in
+/// rank order and pick on the host as the Reference does: a column's logit depends on its weight
+/// row alone, so the merged list, and the token, are the same for every sharding of the
+/// vocabulary, even or not. The outputs are not differentiable. Validation is collective (the same
+/// error on every rank), as for [`super::linear_logp`].
+///
+/// [`LinearSampleOps::invariant_linear_top_k`]: crate::ops::linear_sample::LinearSampleOps::invariant_linear_top_k
 pub fn linear_sample<B, G>(
     hidden: Tensor<B, 2>,
     weight: Tensor<B, 2>,
@@ -73,6 +82,19 @@ where
     if n == 0 {
         return empty(&device, options.entropy);
     }
+    let tokens = match options.sampler()?.rule {
+        SampleRule::Gumbel => None,
+        SampleRule::Greedy => Some(1),
+        SampleRule::TopK(k) => Some(k),
+    };
+    if let Some(k) = tokens {
+        let inputs = (&hidden, &weight, &keys, bias.as_ref());
+        let block = ranked_block(inputs, k, shard, options)?;
+        let values = group.all_gather_host(&block)?;
+        let tokens = pick_ranked(&values, k, n, &keys_host, options)?;
+        let tokens = Tensor::<B, 1, Int>::from_data(TensorData::new(tokens, [n]), &device);
+        return scored(hidden, weight, tokens, bias, shard, group, options);
+    }
     let leaves: Vec<Vec<(usize, usize)>> = plan
         .shards
         .iter()
@@ -88,6 +110,23 @@ where
     let values = group.all_gather_host(&block)?;
     let tokens = pick(&values, &leaves, slots, n, &keys_host, options.seed, shard);
     let tokens = Tensor::<B, 1, Int>::from_data(TensorData::new(tokens, [n]), &device);
+    scored(hidden, weight, tokens, bias, shard, group, options)
+}
+
+/// The drawn `tokens` with the `logp`, `lse` and `entropy` [`super::linear_logp_full`] gives them.
+fn scored<B, G>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    tokens: Tensor<B, 1, Int>,
+    bias: Option<Tensor<B, 1>>,
+    shard: &VocabShard,
+    group: &G,
+    options: &SampleOptions,
+) -> Result<LinearSampleOutput<B>, InvariantError>
+where
+    B: InvariantBackend,
+    G: Collective<B> + Clone + 'static,
+{
     let scored = super::linear_logp_full(
         hidden,
         weight,
@@ -95,7 +134,7 @@ where
         bias,
         shard,
         group,
-        &logp_options,
+        &options.logp_options(),
     )?;
     Ok(LinearSampleOutput {
         tokens,
@@ -103,6 +142,55 @@ where
         lse: scored.lse,
         entropy: scored.entropy,
     })
+}
+
+/// This rank's host block for `greedy` / `top_k`: its shard's top-`k` lists, the logits' bits
+/// `[N, k]` then the global columns `[N, k]` (`u64::MAX` for an empty slot).
+fn ranked_block<B: InvariantBackend>(
+    (hidden, weight, _, bias): LeafInputs<'_, B>,
+    k: usize,
+    shard: &VocabShard,
+    options: &SampleOptions,
+) -> Result<Vec<u64>, InvariantError> {
+    let lists = linear_top_k(hidden.clone(), weight.clone(), bias.cloned(), k, options)?;
+    let lists: Vec<f32> = host_data(lists, LEAF_DRAW)?.iter::<f32>().collect();
+    let rows = || lists.chunks_exact(2 * k);
+    let z = rows().flat_map(|r| r[..k].iter().map(|z| z.to_bits() as u64));
+    let columns = rows().flat_map(|r| {
+        r[k..].iter().map(|&j| {
+            if j < 0.0 {
+                u64::MAX
+            } else {
+                j as u64 + shard.start as u64
+            }
+        })
+    });
+    Ok(z.chain(columns).collect())
+}
+
+/// Per row, the token the rule picks among every rank's list (rank order), with the row's noise.
+fn pick_ranked(
+    values: &[u64],
+    k: usize,
+    n: usize,
+    keys: &[i64],
+    options: &SampleOptions,
+) -> Result<Vec<i64>, InvariantError> {
+    let rule = options.sampler()?.rule;
+    let per_rank = 2 * n * k;
+    let ranks = values.len() / per_rank;
+    Ok((0..n)
+        .map(|i| {
+            let cands = (0..ranks).flat_map(|r| {
+                let at = r * per_rank + i * k;
+                (0..k).filter_map(move |e| {
+                    let j = values[at + n * k + e];
+                    (j != u64::MAX).then(|| (f32::from_bits(values[at + e] as u32), j as usize))
+                })
+            });
+            choose(cands, rule, row_word(options.seed, keys[i])).map_or(-1, |j| j as i64)
+        })
+        .collect())
 }
 
 /// The argument a failed host read of the leaves' draws names.
@@ -166,21 +254,12 @@ fn local_keys<B: InvariantBackend>(
     n: usize,
     options: &SampleOptions,
 ) -> Result<(Vec<i64>, u64), InvariantError> {
-    let refuse = |arg| InvariantError::InvalidArgument {
-        arg,
-        reason: "not supported under tensor parallelism: choosing among the leaves' winners \
-                 exactly needs their logits, which the leaf pass does not return (plain \
-                 sampling at any temperature is)"
-            .into(),
+    // The single-rank checks of the options (top_p, min_p, top_k, temperature).
+    let rule = match options.sampler()?.rule {
+        SampleRule::Gumbel => 0,
+        SampleRule::Greedy => -1,
+        SampleRule::TopK(k) => k as i64,
     };
-    if options.greedy {
-        return Err(refuse("greedy"));
-    }
-    if options.top_k.is_some() {
-        return Err(refuse("top_k"));
-    }
-    // The single-rank checks of the options (top_p, min_p, temperature).
-    options.sampler()?;
     options.logp_options().head(options.entropy)?;
     if keys.dims() != [n] {
         return Err(InvariantError::Shape {
@@ -191,7 +270,11 @@ fn local_keys<B: InvariantBackend>(
     }
     let data = host_data(keys.clone(), "keys")?;
     let values: Vec<i64> = data.iter::<i64>().collect();
-    let header = [options.seed as i64, options.temperature.to_bits() as i64];
+    let header = [
+        options.seed as i64,
+        options.temperature.to_bits() as i64,
+        rule,
+    ];
     let hash = fnv1a(header.into_iter().chain(values.iter().copied()));
     Ok((values, hash))
 }

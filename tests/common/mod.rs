@@ -1089,32 +1089,53 @@ pub fn bad_input<B: InvariantBackend>(device: &B::Device, dtype: DType, other_dt
 /// longer vector; `linear_logp_full` with `hidden` a column slice of a wider tensor, `weight` a
 /// transposed `[D, V]` and an offset bias. Slices start 256 elements in (512 bytes and more),
 /// so the CubeCL backends keep them as views instead of copying them (they copy a slice whose
-/// offset is not a multiple of the runtime's memory alignment).
+/// offset is not a multiple of the runtime's memory alignment). The copies are built from the
+/// host values, not read back from the views: on CUDA, reading such views back left errors ("the
+/// provided strides are not supported") that the rank threads of a later test met.
 pub fn strided_views<B: InvariantBackend>(device: &B::Device, dtype: DType) {
     let mut rng = Rng::new(91);
-    let dense = |t: Tensor<B, 2>| Tensor::<B, 2>::from_data(t.into_data(), (device, dtype));
-    let dense1 = |t: Tensor<B, 1>| Tensor::<B, 1>::from_data(t.into_data(), (device, dtype));
+    let tensor2 = |data: Vec<f32>, shape: [usize; 2]| float::<B, 2>(data, shape, device, dtype);
+    let tensor1 = |data: Vec<f32>| {
+        let n = data.len();
+        float::<B, 1>(data, [n], device, dtype)
+    };
+    // `[rows, cols]` row-major → its transpose; its columns `range`.
+    let transposed = |x: &[f32], rows: usize, cols: usize| -> Vec<f32> {
+        (0..cols)
+            .flat_map(|c| (0..rows).map(move |r| x[r * cols + c]))
+            .collect()
+    };
+    let columns = |x: &[f32], cols: usize, range: std::ops::Range<usize>| -> Vec<f32> {
+        x.chunks(cols)
+            .flat_map(|row| row[range.clone()].to_vec())
+            .collect()
+    };
     let (m, k, n) = (37, 256, 29);
-    let lhs = float::<B, 2>(rng.vec(k * m, 1.0), [k, m], device, dtype).transpose();
-    let rhs = float::<B, 2>(rng.vec(n * k, 1.0), [n, k], device, dtype).transpose();
-    let got = burn_invariant::matmul(lhs.clone(), rhs.clone()).unwrap();
-    let want = burn_invariant::matmul(dense(lhs.clone()), dense(rhs.clone())).unwrap();
+    let (lhs_h, rhs_h) = (rng.vec(k * m, 1.0), rng.vec(n * k, 1.0));
+    let lhs = tensor2(lhs_h.clone(), [k, m]).transpose();
+    let rhs = tensor2(rhs_h.clone(), [n, k]).transpose();
+    let lhs_dense = tensor2(transposed(&lhs_h, k, m), [m, k]);
+    let rhs_dense = || tensor2(transposed(&rhs_h, n, k), [k, n]);
+    let got = burn_invariant::matmul(lhs, rhs.clone()).unwrap();
+    let want = burn_invariant::matmul(lhs_dense, rhs_dense()).unwrap();
     assert_bits_eq("matmul of transposed views", &bits(got), &bits(want));
 
-    let wide = float::<B, 2>(rng.vec(m * 3 * k, 1.0), [m, 3 * k], device, dtype);
-    let input = wide.slice([0..m, k..2 * k]);
-    let long = float::<B, 1>(rng.vec(n + 512, 1.0), [n + 512], device, dtype);
-    let bias = long.slice(256..256 + n);
-    let got = burn_invariant::linear(input.clone(), rhs.clone(), Some(bias.clone())).unwrap();
-    let want = burn_invariant::linear(dense(input), dense(rhs), Some(dense1(bias))).unwrap();
+    let (wide_h, long_h) = (rng.vec(m * 3 * k, 1.0), rng.vec(n + 512, 1.0));
+    let input = tensor2(wide_h.clone(), [m, 3 * k]).slice([0..m, k..2 * k]);
+    let bias = tensor1(long_h.clone()).slice(256..256 + n);
+    let got = burn_invariant::linear(input, rhs, Some(bias)).unwrap();
+    let input = tensor2(columns(&wide_h, 3 * k, k..2 * k), [m, k]);
+    let bias = tensor1(long_h[256..256 + n].to_vec());
+    let want = burn_invariant::linear(input, rhs_dense(), Some(bias)).unwrap();
     assert_bits_eq("linear of a column slice", &bits(got), &bits(want));
 
     let (rows, d, v) = (23, 256, 301);
-    let wide = float::<B, 2>(rng.vec(rows * 3 * d, 1.0), [rows, 3 * d], device, dtype);
-    let hidden = wide.slice([0..rows, d..2 * d]);
-    let weight = float::<B, 2>(rng.vec(d * v, 0.3), [d, v], device, dtype).transpose();
-    let long = float::<B, 1>(rng.vec(v + 512, 1.0), [v + 512], device, dtype);
-    let bias = long.slice(256..256 + v);
+    let wide_h = rng.vec(rows * 3 * d, 1.0);
+    let weight_h = rng.vec(d * v, 0.3);
+    let long_h = rng.vec(v + 512, 1.0);
+    let hidden = tensor2(wide_h.clone(), [rows, 3 * d]).slice([0..rows, d..2 * d]);
+    let weight = tensor2(weight_h.clone(), [d, v]).transpose();
+    let bias = tensor1(long_h.clone()).slice(256..256 + v);
     let targets: Vec<i64> = (0..rows).map(|i| (i * 37 % v) as i64).collect();
     let opts = LinearLogpOptions::default()
         .with_temperature(0.7)
@@ -1130,8 +1151,12 @@ pub fn strided_views<B: InvariantBackend>(device: &B::Device, dtype: DType) {
         .unwrap();
         [out.logp, out.lse, out.entropy.expect("requested")].map(bits)
     };
-    let got = run(hidden.clone(), weight.clone(), bias.clone());
-    let want = run(dense(hidden), dense(weight), dense1(bias));
+    let got = run(hidden, weight, bias);
+    let want = run(
+        tensor2(columns(&wide_h, 3 * d, d..2 * d), [rows, d]),
+        tensor2(transposed(&weight_h, d, v), [v, d]),
+        tensor1(long_h[256..256 + v].to_vec()),
+    );
     for (name, (g, w)) in ["logp", "lse", "entropy"].iter().zip(got.iter().zip(&want)) {
         assert_bits_eq(&format!("linear_logp {name} of strided views"), g, w);
     }
@@ -1433,6 +1458,15 @@ macro_rules! invariant_testsuite {
             let Some(device) = device() else { return };
             for &dtype in DTYPES {
                 common::sampler::sample_greedy_is_argmax::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
+        fn tp_linear_sample_greedy_and_top_k() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::sampler::tp_sample_ranked::<$backend>(&device, dtype);
             }
         }
 

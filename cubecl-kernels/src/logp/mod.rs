@@ -10,6 +10,7 @@ mod noise;
 mod sample;
 mod tc_backward;
 mod tc_forward;
+mod top_k;
 mod workspace;
 
 pub use backward::linear_logp_backward;
@@ -23,6 +24,7 @@ pub use sample::{
     SAMPLE_K_MAX, SampleSpec, linear_sample_forward, linear_sample_max_rows,
     linear_sample_workspace_len,
 };
+pub use top_k::linear_top_k_forward;
 
 use crate::error::KernelError;
 use crate::gemm::args::GemmOperands;

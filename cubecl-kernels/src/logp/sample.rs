@@ -5,7 +5,7 @@
 
 use super::candidates::{
     CANDIDATE, NO_TOKEN, PickCfg, PickScalars, PickScalarsLaunch, beats, empty_candidates,
-    load_candidates, noise_bar, offer, offer_logit, store_candidates,
+    load_candidates, noise_bar, offer, offer_logit, store_candidates, unrolled_insert,
 };
 use super::forward::{launch_fma_partials, merge_segments};
 use super::inputs::{
@@ -96,46 +96,10 @@ pub fn linear_sample_forward<R: Runtime>(
     if c.n == 0 {
         return Ok(());
     }
-    let pick = PickCfg {
-        k: spec.k,
-        noise: spec.noise,
-        emulate_fma: fma_mode(client) == FmaMode::Emulated,
-    };
+    let pick = pick_cfg(client, spec);
+    let lists = candidate_pass(client, inputs, &c, spec, workspace)?;
     let cand_off = partials_len(c.n, c.v);
     let scalars = || pick_scalars(cand_off, spec.seed);
-    let tensor_cores = tensor_core_choice(client, &c);
-    // The tensor-core path's top-k keeps one list per row across its chunks.
-    let lists = if tensor_cores.is_some() && spec.k > 1 {
-        1
-    } else {
-        linear_logp_num_segments(c.v)
-    };
-    match tensor_cores {
-        Some(choice) => {
-            let scratch =
-                cand_off + linear_logp_num_segments(c.v) * c.n * spec.k as usize * CANDIDATE;
-            let pass = ChunkPass {
-                workspace,
-                logits_offset: scratch,
-                cand_off,
-                seed: spec.seed,
-                pick,
-            };
-            let candidates = |chunk: [usize; 4], ld: usize| {
-                launch_chunk_candidates(client, inputs, &c, chunk, ld, &pass)
-            };
-            tc_forward_partials(
-                client,
-                inputs,
-                &c,
-                &choice,
-                workspace,
-                scratch,
-                Some(&candidates),
-            )?;
-        }
-        None => launch_fma_partials(client, inputs, &c, workspace, pick, scalars())?,
-    }
     let (gx, _) = check_grid(client, "hidden", c.n.div_ceil(MERGE_BLOCK), 1)?;
     unsafe {
         sample_merge_kernel::launch_unchecked::<R>(
@@ -161,7 +125,7 @@ pub fn linear_sample_forward<R: Runtime>(
 }
 
 /// The sampler's checks beyond those of the inputs: keys (no ignore index), `k`, `V ≤ 2²⁴`.
-fn check_sample<R: Runtime>(
+pub(super) fn check_sample<R: Runtime>(
     client: &ComputeClient<R>,
     inputs: &LogpInputRefs<'_, R>,
     spec: SampleSpec,
@@ -186,8 +150,73 @@ fn check_sample<R: Runtime>(
     Ok(c)
 }
 
-/// Rows per cube of the merge.
-const MERGE_BLOCK: usize = 128;
+/// Rows per cube of the merges.
+pub(super) const MERGE_BLOCK: usize = 128;
+
+/// What the sampler's kernels keep for `spec`.
+pub(super) fn pick_cfg<R: Runtime>(client: &ComputeClient<R>, spec: SampleSpec) -> PickCfg {
+    PickCfg {
+        k: spec.k,
+        noise: spec.noise,
+        emulate_fma: fma_mode(client) == FmaMode::Emulated,
+        unrolled: unrolled_insert(client),
+    }
+}
+
+/// The sampler's pass over the vocabulary: the forward's segment partials (at the workspace's
+/// start) and the kept candidates (at [`partials_len`]), one list per (segment, row), or one per
+/// row on the tensor-core path with `k > 1`. Returns the lists per row.
+pub(super) fn candidate_pass<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &LogpInputRefs<'_, R>,
+    c: &Checked,
+    spec: SampleSpec,
+    workspace: &TensorBinding<R>,
+) -> Result<usize, KernelError> {
+    let pick = pick_cfg(client, spec);
+    let cand_off = partials_len(c.n, c.v);
+    let tensor_cores = tensor_core_choice(client, c);
+    // The tensor-core path's top-k keeps one list per row across its chunks.
+    let lists = if tensor_cores.is_some() && spec.k > 1 {
+        1
+    } else {
+        linear_logp_num_segments(c.v)
+    };
+    match tensor_cores {
+        Some(choice) => {
+            let scratch =
+                cand_off + linear_logp_num_segments(c.v) * c.n * spec.k as usize * CANDIDATE;
+            let pass = ChunkPass {
+                workspace,
+                logits_offset: scratch,
+                cand_off,
+                seed: spec.seed,
+                pick,
+            };
+            let candidates = |chunk: [usize; 4], ld: usize| {
+                launch_chunk_candidates(client, inputs, c, chunk, ld, &pass)
+            };
+            tc_forward_partials(
+                client,
+                inputs,
+                c,
+                &choice,
+                workspace,
+                scratch,
+                Some(&candidates),
+            )?;
+        }
+        None => launch_fma_partials(
+            client,
+            inputs,
+            c,
+            workspace,
+            pick,
+            pick_scalars(cand_off, spec.seed),
+        )?,
+    }
+    Ok(lists)
+}
 
 /// The candidate scalars: where the candidates lie, the seed's halves.
 fn pick_scalars<R: Runtime>(cand_off: usize, seed: u64) -> PickScalarsLaunch<R> {
@@ -237,6 +266,7 @@ fn launch_chunk_candidates<R: Runtime>(
                 ChunkScalarsLaunch::new(c.n as u32, rs as u32, cs as u32, ch as u32, c.inv_t),
                 scalars,
                 pick.k,
+                pick.unrolled,
             );
         }
         return Ok(());
@@ -336,7 +366,7 @@ pub(crate) fn chunk_candidates_kernel<I: Int>(
             for e in 0..kk {
                 let at = other * kk + e;
                 if open {
-                    open = offer(&mut list, sk[at], sz[at], si[at], k);
+                    open = offer(&mut list, sk[at], sz[at], si[at], k, pick.unrolled);
                 }
             }
         }
@@ -358,6 +388,7 @@ pub(crate) fn chunk_top_k_kernel(
     sc: ChunkScalars,
     pk: PickScalars,
     #[comptime] k: u32,
+    #[comptime] unrolled: bool,
 ) {
     let kk = comptime![k as usize];
     let last = comptime![k as usize - 1];
@@ -406,7 +437,7 @@ pub(crate) fn chunk_top_k_kernel(
             for q in 0..SCAN_LANES {
                 for c in 0..cnt[q] as usize {
                     let x = ck[q * SCAN_BATCH + c];
-                    offer(&mut list, x, x, cj[q * SCAN_BATCH + c], k);
+                    offer(&mut list, x, x, cj[q * SCAN_BATCH + c], k, unrolled);
                 }
             }
             bar[0usize] = list.key[last];
@@ -458,7 +489,7 @@ pub(crate) fn sample_merge_kernel<I: Int>(
                 let at = o + e * CANDIDATE;
                 if open {
                     let j = u32::cast_from(ws[at + 2]);
-                    open = offer(&mut list, ws[at], ws[at + 1], j, k);
+                    open = offer(&mut list, ws[at], ws[at + 1], j, k, pick.unrolled);
                 }
             }
         }

@@ -24,7 +24,9 @@ use burn_invariant_cubecl::attention::{
 };
 use burn_invariant_cubecl::consts::{CMMA_TILE, CmmaTile};
 use burn_invariant_cubecl::gemm::{fma_emulated_on_device, matmul_cmma_tiled};
-use burn_invariant_cubecl::logp::{SampleSpec, linear_sample_forward, linear_sample_workspace_len};
+use burn_invariant_cubecl::logp::{
+    SampleSpec, linear_sample_forward, linear_sample_workspace_len, linear_top_k_forward,
+};
 use burn_invariant_cubecl::rms_norm::with_two_pass_backward;
 use burn_invariant_cubecl::tp::{self, GlobalTargets};
 use burn_invariant_cubecl::{
@@ -534,7 +536,8 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     // ---------------------------------------------------------------------------------------
     // linear_sample: logp_partial_kernel <F, I>{.., pick k 1 | 5 | 64, noise} (FMA path),
     // chunk_candidates_kernel <I>{k 1, noise} and chunk_top_k_kernel {k} (tensor-core path),
-    // sample_merge_kernel <I>{entropy, pick}.
+    // sample_merge_kernel <I>{entropy, pick}. linear_top_k: the same pass without noise (k 1 | 5 |
+    // 64), top_k_merge_kernel {k}.
 
     fn sample(&mut self) {
         for dt in self.floats.clone() {
@@ -558,12 +561,27 @@ impl<'a, R: Runtime> Sweep<'a, R> {
             for (bias, entropy) in [(false, false), (true, true)] {
                 for &key in &keys {
                     let spec = SampleSpec { seed: 7, k, noise };
-                    self.sample_call(dt, [37, d, 160], bias, entropy, key, spec);
+                    self.sample_call(dt, [37, d, 160], bias, entropy, key, spec, false);
+                }
+            }
+        }
+        for k in [1, 5, 64] {
+            for bias in [false, true] {
+                for &key in &keys {
+                    let spec = SampleSpec {
+                        seed: 0,
+                        k,
+                        noise: false,
+                    };
+                    self.sample_call(dt, [37, d, 160], bias, false, key, spec, true);
                 }
             }
         }
     }
 
+    /// `linear_sample_forward` with `spec`, or with `lists` `linear_top_k_forward` keeping
+    /// `spec.k` (its seed and noise unused).
+    #[allow(clippy::too_many_arguments)] // the sweep's axes, one argument each
     fn sample_call(
         &mut self,
         dt: FloatDType,
@@ -572,6 +590,7 @@ impl<'a, R: Runtime> Sweep<'a, R> {
         entropy: bool,
         keys: IndexDType,
         spec: SampleSpec,
+        lists: bool,
     ) {
         let (st, es) = (dt.storage(), dt.size());
         let hidden = self.dense(&[n, d], es);
@@ -589,11 +608,18 @@ impl<'a, R: Runtime> Sweep<'a, R> {
             inv_temperature: 0.5,
             entropy,
         };
-        let out = self.dense(&[n, inputs.stats_columns() + 1], 4);
         let ws = self.dense(&[linear_sample_workspace_len(n, v, st, spec.k)], 4);
-        let r = linear_sample_forward(self.client, &inputs, spec, &out, &ws);
+        let (r, what) = if lists {
+            let out = self.dense(&[n, 2 * spec.k as usize], 4);
+            let r = linear_top_k_forward(self.client, &inputs, spec.k, &out, &ws);
+            (r, "linear_top_k_forward")
+        } else {
+            let out = self.dense(&[n, inputs.stats_columns() + 1], 4);
+            let r = linear_sample_forward(self.client, &inputs, spec, &out, &ws);
+            (r, "linear_sample_forward")
+        };
         self.done(r, || {
-            format!("linear_sample_forward {dt:?} {spec:?} bias {bias} entropy {entropy} {keys:?}")
+            format!("{what} {dt:?} {spec:?} bias {bias} entropy {entropy} {keys:?}")
         });
     }
 

@@ -4,8 +4,8 @@ use burn::tensor::{DType, Int, Tensor};
 
 use super::{LinearSampleInputs, SampleRule, Sampler};
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::ops::linear_logp::LinearLogpOptions;
 use crate::ops::linear_logp::api::{check_logits, split_stats};
+use crate::ops::linear_logp::{LinearLogpInputs, LinearLogpOptions};
 use crate::registry::check_device;
 use crate::{InvariantBackend, InvariantError, validate};
 
@@ -174,15 +174,8 @@ pub fn linear_sample<B: InvariantBackend>(
     let head = options.logp_options().head(options.entropy)?;
     let sampler = options.sampler()?;
     let implementation = check_logits(&hidden, &weight, ("keys", &keys), bias.as_ref())?;
-    let ([n, _], [v, _]) = (hidden.dims(), weight.dims());
-    if v > VOCAB_MAX {
-        return Err(InvariantError::TooLarge {
-            arg: "weight",
-            what: "vocabulary size V",
-            got: v as u64,
-            limit: VOCAB_MAX as u64,
-        });
-    }
+    let [n, _] = hidden.dims();
+    check_vocab(&weight)?;
     validate::index_limit("keys", &[n, head.columns() + 1])?;
     let device = hidden.device();
     if n == 0 {
@@ -213,4 +206,58 @@ pub fn linear_sample<B: InvariantBackend>(
         lse: stats.lse,
         entropy: stats.entropy,
     })
+}
+
+/// `[N, 2k]` f32: each row's `k` largest tempered logits (temperature of `options`), best first
+/// (ties to the smaller column), then their columns; `(−∞, −1)` past the ranking logits. The
+/// backend's [`super::LinearSampleOps::invariant_linear_top_k`] after the checks of
+/// [`linear_sample`]; tensor parallelism merges the shards' lists with it.
+pub(crate) fn linear_top_k<B: InvariantBackend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    k: usize,
+    options: &SampleOptions,
+) -> Result<Tensor<B, 2>, InvariantError> {
+    let head = options.logp_options().head(false)?;
+    let [n, _] = hidden.dims();
+    let device = hidden.device();
+    let keys = Tensor::<B, 1, Int>::zeros([n], &device);
+    let implementation = check_logits(&hidden, &weight, ("keys", &keys), bias.as_ref())?;
+    check_vocab(&weight)?;
+    if !(1..=TOP_K_MAX).contains(&k) {
+        return Err(InvariantError::InvalidArgument {
+            arg: "top_k",
+            reason: format!("must be in 1..={TOP_K_MAX}, got {k}"),
+        });
+    }
+    validate::index_limit("hidden", &[n, 2 * k])?;
+    if n == 0 {
+        return Ok(Tensor::empty([0, 2 * k], (&device, DType::F32)));
+    }
+    let inputs = LinearLogpInputs {
+        hidden: float_primitive(hidden),
+        weight: float_primitive(weight),
+        bias: bias.map(float_primitive),
+        targets: keys.into_primitive(),
+        ignore_index: None,
+        head,
+    };
+    let out = float_tensor(B::invariant_linear_top_k(inputs, k, implementation));
+    check_device::<B>(&device)?;
+    Ok(out)
+}
+
+/// `V ≤ VOCAB_MAX` (`TooLarge`).
+fn check_vocab<B: InvariantBackend>(weight: &Tensor<B, 2>) -> Result<(), InvariantError> {
+    let v = weight.dims()[0];
+    if v > VOCAB_MAX {
+        return Err(InvariantError::TooLarge {
+            arg: "weight",
+            what: "vocabulary size V",
+            got: v as u64,
+            limit: VOCAB_MAX as u64,
+        });
+    }
+    Ok(())
 }

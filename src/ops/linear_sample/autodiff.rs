@@ -4,6 +4,7 @@ use burn_autodiff::{Autodiff, checkpoint::strategy::CheckpointStrategy};
 
 use super::{LinearSampleInputs, LinearSampleOps};
 use crate::InvariantBackend;
+use crate::ops::linear_logp::LinearLogpInputs;
 use crate::registry::Implementation;
 
 impl<B: InvariantBackend, C: CheckpointStrategy> LinearSampleOps for Autodiff<B, C> {
@@ -20,5 +21,21 @@ impl<B: InvariantBackend, C: CheckpointStrategy> LinearSampleOps for Autodiff<B,
             sampler: inputs.sampler,
         };
         Self::from_inner(B::invariant_linear_sample(inner, implementation))
+    }
+
+    fn invariant_linear_top_k(
+        inputs: LinearLogpInputs<Self>,
+        k: usize,
+        implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        let inner = LinearLogpInputs {
+            hidden: inputs.hidden.primitive,
+            weight: inputs.weight.primitive,
+            bias: inputs.bias.map(|b| b.primitive),
+            targets: inputs.targets,
+            ignore_index: inputs.ignore_index,
+            head: inputs.head,
+        };
+        Self::from_inner(B::invariant_linear_top_k(inner, k, implementation))
     }
 }

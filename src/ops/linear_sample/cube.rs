@@ -10,6 +10,8 @@ use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, tensor::CubeTensor,
 };
 use burn_invariant_cubecl::logp::{self, SampleSpec};
+use burn_invariant_cubecl::{KernelError, LogpInputRefs};
+use cubecl::prelude::{ComputeClient, TensorBinding};
 
 use super::{LinearSampleInputs, LinearSampleOps, SampleRule, Sampler};
 use crate::backends::alloc::empty;
@@ -42,6 +44,16 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> LinearSamp
             _ => sample_forward(logits, sampler),
         }
     }
+
+    fn invariant_linear_top_k(
+        inputs: LinearLogpInputs<Self>,
+        k: usize,
+        _implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        // Every implementation takes the CubeCL kernels' lists (Sm90's pass keeps one candidate
+        // per segment and returns no logit).
+        top_k_forward(inputs, k as u32)
+    }
 }
 
 /// The kernels' draw.
@@ -58,8 +70,7 @@ fn spec(sampler: Sampler) -> SampleSpec {
     }
 }
 
-/// The CubeCl sampler: `[N, C + 1]`, in calls of at most [`logp::linear_sample_max_rows`] rows
-/// sharing one workspace.
+/// The CubeCl sampler: `[N, C + 1]`.
 fn sample_forward<R, F, I, BT>(
     inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
     sampler: Sampler,
@@ -70,27 +81,76 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    let spec = spec(sampler);
+    let columns = inputs.head.columns() + 1;
+    in_parts(
+        inputs,
+        spec.k,
+        columns,
+        "linear_sample",
+        |client, refs, out, ws| logp::linear_sample_forward(client, refs, spec, out, ws),
+    )
+}
+
+/// The CubeCl top-k lists: `[N, 2k]`.
+fn top_k_forward<R, F, I, BT>(
+    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
+    k: u32,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let columns = 2 * k as usize;
+    in_parts(
+        inputs,
+        k,
+        columns,
+        "linear_top_k",
+        |client, refs, out, ws| logp::linear_top_k_forward(client, refs, k, out, ws),
+    )
+}
+
+/// `launch` of a sampler kernel keeping `k` candidates into `[N, columns]`, in calls of at most
+/// [`logp::linear_sample_max_rows`] rows sharing one workspace.
+fn in_parts<R, F, I, BT>(
+    inputs: LinearLogpInputs<CubeBackend<R, F, I, BT>>,
+    k: u32,
+    columns: usize,
+    primitive: &'static str,
+    launch: impl Fn(
+        &ComputeClient<R>,
+        &LogpInputRefs<'_, R>,
+        &TensorBinding<R>,
+        &TensorBinding<R>,
+    ) -> Result<(), KernelError>,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
     let inputs = kernel_inputs(inputs);
     let (n, v) = (inputs.hidden.meta.shape()[0], inputs.weight.meta.shape()[0]);
     let dtype = inputs.hidden.dtype.into();
-    let columns = inputs.head.columns() + 1;
-    let spec = spec(sampler);
     let client = inputs.hidden.client.clone();
-    let rows = logp::linear_sample_max_rows(&client, v, dtype, spec.k).min(n);
+    let rows = logp::linear_sample_max_rows(&client, v, dtype, k).min(n);
     let workspace = empty(
         &inputs.hidden,
-        vec![logp::linear_sample_workspace_len(rows, v, dtype, spec.k).max(1)],
+        vec![logp::linear_sample_workspace_len(rows, v, dtype, k).max(1)],
         DType::F32,
     );
     by_row_parts(inputs, rows, |inputs| {
         let rh = inputs.hidden.meta.shape()[0];
         let out = empty(&inputs.hidden, vec![rh, columns], DType::F32);
         let bindings = LogpBindings::new(inputs);
-        let class = logp_class("linear_sample", inputs);
-        launched(logp::linear_sample_forward(
+        let class = logp_class(primitive, inputs);
+        launched(launch(
             &inputs.hidden.client,
             &bindings.refs(inputs),
-            spec,
             &out.clone().binding(),
             &workspace.clone().binding(),
         ));

@@ -5,6 +5,7 @@ use burn_fusion::{Fusion, FusionBackend};
 
 use super::{LinearSampleInputs, LinearSampleOps};
 use crate::backends::custom_op::{RunVec, custom_op_vec};
+use crate::ops::linear_logp::LinearLogpInputs;
 use crate::ops::linear_logp::fusion::split;
 use crate::registry::Implementation;
 
@@ -35,5 +36,23 @@ impl<B: FusionBackend + LinearSampleOps> LinearSampleOps for Fusion<B> {
         .into_iter()
         .next()
         .unwrap_or_else(|| unreachable!("one output"))
+    }
+
+    fn invariant_linear_top_k(
+        inputs: LinearLogpInputs<Self>,
+        k: usize,
+        implementation: Implementation,
+    ) -> FloatTensor<Self> {
+        let rows = inputs.hidden.shape.to_vec()[0];
+        let out = (Shape::from(vec![rows, 2 * k]), DType::F32);
+        let (floats, ints, head) = split::<B>(inputs);
+        let run: RunVec<B> = Box::new(move |floats, ints| {
+            let (inputs, _) = head.inputs::<B>(floats, ints);
+            vec![B::invariant_linear_top_k(inputs, k, implementation)]
+        });
+        custom_op_vec::<B>("burn_invariant::linear_top_k", floats, ints, vec![out], run)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| unreachable!("one output"))
     }
 }

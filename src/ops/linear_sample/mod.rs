@@ -16,9 +16,7 @@ use burn::tensor::{
     ops::{FloatTensor, IntTensor},
 };
 
-#[cfg(feature = "cubecl")]
-use crate::ops::linear_logp::LinearLogpInputs;
-use crate::ops::linear_logp::LogpHead;
+use crate::ops::linear_logp::{LinearLogpInputs, LogpHead};
 use crate::registry::Implementation;
 
 pub use api::{LinearSampleOutput, SampleOptions, TOP_K_MAX, linear_sample};
@@ -98,6 +96,18 @@ pub trait LinearSampleOps: Backend {
     /// differentiable.
     fn invariant_linear_sample(
         inputs: LinearSampleInputs<Self>,
+        implementation: Implementation,
+    ) -> FloatTensor<Self>;
+
+    /// `[N, 2k]` f32, `1 ≤ k ≤ TOP_K_MAX`: each row's `k` largest tempered logits, best first
+    /// (ties to the smaller column), then their columns as f32 integers; slots past the row's
+    /// ranking logits (neither −∞ nor NaN) are `(−∞, −1)`. The logits are those this backend's
+    /// sampler ranks, and a column's depends on its own weight row alone, so the lists of
+    /// vocabulary shards merge to the list of the whole. `inputs.targets` (`[N]`) is not read,
+    /// `inputs.ignore_index` is `None`, `inputs.head.entropy` false. Not differentiable.
+    fn invariant_linear_top_k(
+        inputs: LinearLogpInputs<Self>,
+        k: usize,
         implementation: Implementation,
     ) -> FloatTensor<Self>;
 }
