@@ -82,16 +82,17 @@ where
     if n == 0 {
         return empty(&device, options.entropy);
     }
-    let tokens = match options.sampler()?.rule {
+    let rule = options.sampler()?.rule;
+    let ranked = match rule {
         SampleRule::Gumbel => None,
         SampleRule::Greedy => Some(1),
         SampleRule::TopK(k) => Some(k),
     };
-    if let Some(k) = tokens {
+    if let Some(k) = ranked {
         let inputs = (&hidden, &weight, &keys, bias.as_ref());
         let block = ranked_block(inputs, k, shard, options)?;
         let values = group.all_gather_host(&block)?;
-        let tokens = pick_ranked(&values, k, n, &keys_host, options)?;
+        let tokens = pick_ranked(&values, k, n, &keys_host, rule, options.seed);
         let tokens = Tensor::<B, 1, Int>::from_data(TensorData::new(tokens, [n]), &device);
         return scored(hidden, weight, tokens, bias, shard, group, options);
     }
@@ -147,12 +148,12 @@ where
 /// This rank's host block for `greedy` / `top_k`: its shard's top-`k` lists, the logits' bits
 /// `[N, k]` then the global columns `[N, k]` (`u64::MAX` for an empty slot).
 fn ranked_block<B: InvariantBackend>(
-    (hidden, weight, _, bias): LeafInputs<'_, B>,
+    (hidden, weight, keys, bias): LeafInputs<'_, B>,
     k: usize,
     shard: &VocabShard,
     options: &SampleOptions,
 ) -> Result<Vec<u64>, InvariantError> {
-    let lists = linear_top_k(hidden.clone(), weight.clone(), bias.cloned(), k, options)?;
+    let lists = linear_top_k(hidden, weight, keys, bias, k, options)?;
     let lists: Vec<f32> = host_data(lists, LEAF_DRAW)?.iter::<f32>().collect();
     let rows = || lists.chunks_exact(2 * k);
     let z = rows().flat_map(|r| r[..k].iter().map(|z| z.to_bits() as u64));
@@ -168,18 +169,18 @@ fn ranked_block<B: InvariantBackend>(
     Ok(z.chain(columns).collect())
 }
 
-/// Per row, the token the rule picks among every rank's list (rank order), with the row's noise.
+/// Per row, the token `rule` picks among every rank's list (rank order), with the row's noise.
 fn pick_ranked(
     values: &[u64],
     k: usize,
     n: usize,
     keys: &[i64],
-    options: &SampleOptions,
-) -> Result<Vec<i64>, InvariantError> {
-    let rule = options.sampler()?.rule;
+    rule: SampleRule,
+    seed: u64,
+) -> Vec<i64> {
     let per_rank = 2 * n * k;
     let ranks = values.len() / per_rank;
-    Ok((0..n)
+    (0..n)
         .map(|i| {
             let cands = (0..ranks).flat_map(|r| {
                 let at = r * per_rank + i * k;
@@ -188,9 +189,9 @@ fn pick_ranked(
                     (j != u64::MAX).then(|| (f32::from_bits(values[at + e] as u32), j as usize))
                 })
             });
-            choose(cands, rule, row_word(options.seed, keys[i])).map_or(-1, |j| j as i64)
+            choose(cands, rule, row_word(seed, keys[i])).map_or(-1, |j| j as i64)
         })
-        .collect())
+        .collect()
 }
 
 /// The argument a failed host read of the leaves' draws names.

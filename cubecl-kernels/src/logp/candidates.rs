@@ -196,6 +196,36 @@ pub(crate) fn offer_logit(
     }
 }
 
+/// The `k` best of row `row`'s `lists` stored lists (list `l` at candidate slot `l · n + row`),
+/// offered list by list.
+#[cube]
+pub(crate) fn merged_lists(
+    ws: &Tensor<f32>,
+    cand_off: u32,
+    n: usize,
+    row: usize,
+    lists: usize,
+    #[comptime] k: u32,
+    #[comptime] unrolled: bool,
+) -> Candidates {
+    let kk = comptime![k as usize];
+    let mut list = empty_candidates(kk);
+    for l in 0..lists {
+        let o = cand_off as usize + (l * n + row) * kk * CANDIDATE;
+        // A flag, not `break`: the inner range is comptime, so the loop is unrolled and a `break`
+        // would leave the outer one. A list is sorted: once one entry stays out, the rest do.
+        let mut open = true;
+        for e in 0..kk {
+            let at = o + e * CANDIDATE;
+            if open {
+                let j = u32::cast_from(ws[at + 2]);
+                open = offer(&mut list, ws[at], ws[at + 1], j, k, unrolled);
+            }
+        }
+    }
+    list
+}
+
 /// Reads a list's `k` slots from candidate slot `slot` (as [`store_candidates`] wrote them).
 #[cube]
 pub(crate) fn load_candidates(

@@ -5,7 +5,8 @@
 
 use super::candidates::{
     CANDIDATE, NO_TOKEN, PickCfg, PickScalars, PickScalarsLaunch, beats, empty_candidates,
-    load_candidates, noise_bar, offer, offer_logit, store_candidates, unrolled_insert,
+    load_candidates, merged_lists, noise_bar, offer, offer_logit, store_candidates,
+    unrolled_insert,
 };
 use super::forward::{launch_fma_partials, merge_segments};
 use super::inputs::{
@@ -480,19 +481,7 @@ pub(crate) fn sample_merge_kernel<I: Int>(
     let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     if row < n {
         let (lse, ent) = merge_segments(ws, n, row, sc.num_seg as usize, entropy);
-        let mut list = empty_candidates(kk);
-        for seg in 0..sc.lists as usize {
-            let o = pk.cand_off as usize + (seg * n + row) * kk * CANDIDATE;
-            // A flag, not `break` (see `chunk_candidates_kernel`).
-            let mut open = true;
-            for e in 0..kk {
-                let at = o + e * CANDIDATE;
-                if open {
-                    let j = u32::cast_from(ws[at + 2]);
-                    open = offer(&mut list, ws[at], ws[at + 1], j, k, pick.unrolled);
-                }
-            }
-        }
+        let list = merged_lists(ws, pk.cand_off, n, row, sc.lists as usize, k, pick.unrolled);
         // The token's slot: the best, or with noise over k > 1 kept the Gumbel-max among them.
         let mut best = 0usize;
         if comptime![pick.noise && pick.k > 1] {

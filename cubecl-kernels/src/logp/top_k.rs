@@ -1,7 +1,7 @@
 //! `linear_top_k`: the sampler's own pass without noise, each row's `k` largest tempered logits
 //! and their columns written out instead of a draw. Tensor parallelism merges the shards' lists.
 
-use super::candidates::{CANDIDATE, NO_TOKEN, empty_candidates, offer, unrolled_insert};
+use super::candidates::{NO_TOKEN, merged_lists, unrolled_insert};
 use super::inputs::{LogpInputRefs, check_workspace, view};
 use super::sample::{MERGE_BLOCK, SampleSpec, candidate_pass, check_sample};
 use super::workspace::partials_len;
@@ -77,21 +77,7 @@ pub(crate) fn top_k_merge_kernel(
     let n = sc.n_rows as usize;
     let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     if row < n {
-        let mut list = empty_candidates(kk);
-        for l in 0..sc.lists as usize {
-            let o = sc.cand_off as usize + (l * n + row) * kk * CANDIDATE;
-            // A flag, not `break`: the inner range is comptime, so the loop is unrolled and a
-            // `break` would leave the outer one. A list is sorted: once one entry stays out, the
-            // rest do.
-            let mut open = true;
-            for e in 0..kk {
-                let at = o + e * CANDIDATE;
-                if open {
-                    let j = u32::cast_from(ws[at + 2]);
-                    open = offer(&mut list, ws[at], ws[at + 1], j, k, unrolled);
-                }
-            }
-        }
+        let list = merged_lists(ws, sc.cand_off, n, row, sc.lists as usize, k, unrolled);
         let base = out.view.offset as usize + row * out.view.s0 as usize;
         let s1 = out.view.s1 as usize;
         #[unroll]

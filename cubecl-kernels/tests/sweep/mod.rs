@@ -561,7 +561,15 @@ impl<'a, R: Runtime> Sweep<'a, R> {
             for (bias, entropy) in [(false, false), (true, true)] {
                 for &key in &keys {
                     let spec = SampleSpec { seed: 7, k, noise };
-                    self.sample_call(dt, [37, d, 160], bias, entropy, key, spec, false);
+                    self.sample_call(SampleCase {
+                        dt,
+                        d,
+                        bias,
+                        entropy,
+                        keys: key,
+                        spec,
+                        lists: false,
+                    });
                 }
             }
         }
@@ -573,25 +581,32 @@ impl<'a, R: Runtime> Sweep<'a, R> {
                         k,
                         noise: false,
                     };
-                    self.sample_call(dt, [37, d, 160], bias, false, key, spec, true);
+                    self.sample_call(SampleCase {
+                        dt,
+                        d,
+                        bias,
+                        entropy: false,
+                        keys: key,
+                        spec,
+                        lists: true,
+                    });
                 }
             }
         }
     }
 
-    /// `linear_sample_forward` with `spec`, or with `lists` `linear_top_k_forward` keeping
-    /// `spec.k` (its seed and noise unused).
-    #[allow(clippy::too_many_arguments)] // the sweep's axes, one argument each
-    fn sample_call(
-        &mut self,
-        dt: FloatDType,
-        [n, d, v]: [usize; 3],
-        bias: bool,
-        entropy: bool,
-        keys: IndexDType,
-        spec: SampleSpec,
-        lists: bool,
-    ) {
+    /// One `[37, d, 160]` sampler launch of `case`.
+    fn sample_call(&mut self, case: SampleCase) {
+        let SampleCase {
+            dt,
+            d,
+            bias,
+            entropy,
+            keys,
+            spec,
+            lists,
+        } = case;
+        let (n, v) = (37, 160);
         let (st, es) = (dt.storage(), dt.size());
         let hidden = self.dense(&[n, d], es);
         let weight = self.dense(&[v, d], es);
@@ -899,4 +914,16 @@ impl<'a, R: Runtime> Sweep<'a, R> {
         let r = attention_math_on_device(self.client, &x);
         self.done(r, || "attention_math_on_device".into());
     }
+}
+
+/// A sampler launch of the sweep: `linear_sample_forward` with `spec`, or with `lists`
+/// `linear_top_k_forward` keeping `spec.k` (its seed and noise unused).
+struct SampleCase {
+    dt: FloatDType,
+    d: usize,
+    bias: bool,
+    entropy: bool,
+    keys: IndexDType,
+    spec: SampleSpec,
+    lists: bool,
 }

@@ -211,20 +211,21 @@ pub fn linear_sample<B: InvariantBackend>(
 /// `[N, 2k]` f32: each row's `k` largest tempered logits (temperature of `options`), best first
 /// (ties to the smaller column), then their columns; `(−∞, −1)` past the ranking logits. The
 /// backend's [`super::LinearSampleOps::invariant_linear_top_k`] after the checks of
-/// [`linear_sample`]; tensor parallelism merges the shards' lists with it.
+/// [`linear_sample`] (`keys [N]` checked, not read); tensor parallelism merges the shards' lists
+/// with it.
 pub(crate) fn linear_top_k<B: InvariantBackend>(
-    hidden: Tensor<B, 2>,
-    weight: Tensor<B, 2>,
-    bias: Option<Tensor<B, 1>>,
+    hidden: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    keys: &Tensor<B, 1, Int>,
+    bias: Option<&Tensor<B, 1>>,
     k: usize,
     options: &SampleOptions,
 ) -> Result<Tensor<B, 2>, InvariantError> {
     let head = options.logp_options().head(false)?;
     let [n, _] = hidden.dims();
     let device = hidden.device();
-    let keys = Tensor::<B, 1, Int>::zeros([n], &device);
-    let implementation = check_logits(&hidden, &weight, ("keys", &keys), bias.as_ref())?;
-    check_vocab(&weight)?;
+    let implementation = check_logits(hidden, weight, ("keys", keys), bias)?;
+    check_vocab(weight)?;
     if !(1..=TOP_K_MAX).contains(&k) {
         return Err(InvariantError::InvalidArgument {
             arg: "top_k",
@@ -236,10 +237,10 @@ pub(crate) fn linear_top_k<B: InvariantBackend>(
         return Ok(Tensor::empty([0, 2 * k], (&device, DType::F32)));
     }
     let inputs = LinearLogpInputs {
-        hidden: float_primitive(hidden),
-        weight: float_primitive(weight),
-        bias: bias.map(float_primitive),
-        targets: keys.into_primitive(),
+        hidden: float_primitive(hidden.clone()),
+        weight: float_primitive(weight.clone()),
+        bias: bias.cloned().map(float_primitive),
+        targets: keys.clone().into_primitive(),
         ignore_index: None,
         head,
     };
