@@ -36,11 +36,6 @@ namespace ib {
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
-// Ping-pong of the two consumer warpgroups (FA3): warpgroup c issues its wgmma batch only after the other's batch
-// is issued (named barriers 2 + c, 256 threads), so one's softmax runs while the other's MMAs occupy the tensor
-// cores. Scheduling only: no arithmetic depends on it.
-__device__ __forceinline__ void pingpong_wait(int c) { asm volatile("bar.sync %0, 256;" ::"r"(2 + c) : "memory"); }
-__device__ __forceinline__ void pingpong_pass(int c) { asm volatile("bar.arrive %0, 256;" ::"r"(3 - c) : "memory"); }
 
 template <int NR>
 __device__ __forceinline__ void fence_regs_u32(u32* r) {

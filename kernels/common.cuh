@@ -109,6 +109,12 @@ __device__ __forceinline__ void consumer_sync(int nthreads) {
   asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
 }
 
+// Ping-pong of two consumer warpgroups (FA3): warpgroup c issues its wgmma batch only after the other's batch
+// is issued (named barriers 2 + c, 256 threads), so one's epilogue runs while the other's MMAs occupy the
+// tensor cores. Scheduling only: no arithmetic depends on it.
+__device__ __forceinline__ void pingpong_wait(int c) { asm volatile("bar.sync %0, 256;" ::"r"(2 + c) : "memory"); }
+__device__ __forceinline__ void pingpong_pass(int c) { asm volatile("bar.arrive %0, 256;" ::"r"(3 - c) : "memory"); }
+
 // max that propagates NaN (fmaxf drops it): a NaN logit must give a NaN lse. Equal to fmaxf
 // whenever neither operand is NaN.
 __device__ __forceinline__ float max_nan(float a, float b) {
@@ -252,13 +258,18 @@ struct Wgmma<__half, 64, TA, TB> {
 // CL = 1: plain CTA. CL = 2: launched as 2-CTA clusters on adjacent row tiles of the same column tile; each
 // CTA loads its own A and half of B, multicast to both, so a stage is free only when both CTAs' consumers
 // have released it. The arithmetic is the same either way.
-template <class T, int BN_, int NC_, int ST_, int TA_, int TB_, int CL_ = 1>
+// PP = 1 (ping-pong): each consumer owns a whole 64 x BN tile of its own work item, the stages carry one
+// 64-row A box and belong to one consumer each, in the order the producer loads them; one consumer's
+// epilogue runs beside the other's MMAs. A tile's arithmetic is the same as with PP = 0.
+template <class T, int BN_, int NC_, int ST_, int TA_, int TB_, int CL_ = 1, int PP_ = 0>
 struct Gmma {
-  static constexpr int BN = BN_, NC = NC_, ST = ST_, TA = TA_, TB = TB_, CL = CL_;
-  static constexpr int BM = 64 * NC, BK = 64;
+  static constexpr int BN = BN_, NC = NC_, ST = ST_, TA = TA_, TB = TB_, CL = CL_, PP = PP_;
+  static constexpr int BM = PP ? 64 : 64 * NC, BK = 64;
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int NTHREADS = 128 * (NC + 1);
   static constexpr int NACC = BN / 2;
+  // consumers per CTA that release each stage
+  static constexpr int OWNERS = PP ? 1 : NC;
   static constexpr int PIPE_BYTES = ST * STAGE_BYTES;
   // 1024 B slack for aligning the swizzled tiles, then the pipeline, then 2*ST mbarriers.
   static constexpr int SMEM_BYTES = 1024 + PIPE_BYTES + 16 * ST;
@@ -281,7 +292,7 @@ struct Gmma {
   static __device__ __forceinline__ void init_barriers(const Smem& s) {
     for (int i = 0; i < ST; ++i) {
       mbar_init(&s.full[i], 1);
-      mbar_init(&s.empty[i], NC * CL);
+      mbar_init(&s.empty[i], OWNERS * CL);
     }
     fence_barrier_init();
   }
@@ -293,7 +304,7 @@ struct Gmma {
     u64* bar = &s.full[st];
     mbar_expect_tx(bar, STAGE_BYTES);
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
+    for (int c = 0; c < BM / 64; ++c) {
       if (TA) tma_load_2d(a + c * 8192, ma, bar, m0 + 64 * c, kb * 64);
       else tma_load_2d(a + c * 8192, ma, bar, kb * 64, m0 + 64 * c);
     }
@@ -321,7 +332,7 @@ struct Gmma {
   }
   // Consumer warpgroup c: four k16 steps over stage st.
   static __device__ __forceinline__ void mma(float* acc, const Smem& s, int st, int c) {
-    const u32 a = smem_addr(s.a + st * A_BYTES + c * 8192);
+    const u32 a = smem_addr(s.a + st * A_BYTES + (PP ? 0 : c) * 8192);
     const u32 b = smem_addr(s.b + st * B_BYTES);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -342,13 +353,19 @@ struct PipeState {
       ph ^= 1u;
     }
   }
+  // Past n stages another consumer takes (ping-pong).
+  __device__ __forceinline__ void skip(int n, int ST) {
+    const int t = st + n;
+    ph ^= (u32)(t / ST) & 1u;
+    st = t % ST;
+  }
 };
 
 // Consumer side of one tile: zero the accumulators, walk nk k-blocks, release each stage when its MMAs
-// are done (keep one wgmma group in flight).
-template <class G>
+// are done (keep one wgmma group in flight); `issued` runs once the last MMAs are issued.
+template <class G, class F>
 __device__ __forceinline__ void consume_tile(float* acc, const typename G::Smem& s, PipeState& ps, int nk, int c,
-                                             int tid) {
+                                             int tid, F&& issued) {
 #pragma unroll
   for (int i = 0; i < G::NACC; ++i) acc[i] = 0.f;
   int prev = -1;
@@ -364,9 +381,15 @@ __device__ __forceinline__ void consume_tile(float* acc, const typename G::Smem&
     prev = ps.st;
     ps.next(G::ST);
   }
+  issued();
   wgmma_wait<0>();
   fence_regs<G::NACC>(acc);
   if (tid == 0 && prev >= 0) G::release(s, prev);  // prev < 0 only if nk == 0 (host must not launch K = 0)
+}
+template <class G>
+__device__ __forceinline__ void consume_tile(float* acc, const typename G::Smem& s, PipeState& ps, int nk, int c,
+                                             int tid) {
+  consume_tile<G>(acc, s, ps, nk, c, tid, [] {});
 }
 
 // Producer side of one tile.

@@ -63,6 +63,9 @@ namespace ib {
 // W tile (multicast). Row block of CTA rank r in row-block pair q: 2q + r.
 typedef Gmma<__nv_bfloat16, 256, 2, 4, 0, 0, 2> LogpCfgBf16;
 typedef Gmma<__half, 256, 2, 4, 0, 0, 2> LogpCfgF16;
+// Ping-pong: each consumer a 64 x 256 tile of its own work item, 5 stages of 40 KiB.
+typedef Gmma<__nv_bfloat16, 256, 2, 5, 0, 0, 2, 1> LogpPpCfgBf16;
+typedef Gmma<__half, 256, 2, 5, 0, 0, 2, 1> LogpPpCfgF16;
 
 __device__ __forceinline__ float2 ms_combine(float2 a, float2 b) {
   const float m = max_nan(a.x, b.x);
@@ -230,14 +233,25 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
   const int num_rbp = cdiv(cdiv(N, G::BM), G::CL), nseg = cdiv(V, LOGP_SEG);
   const int items = num_rbp * nseg, nk = cdiv((int)p.D, G::BK);
   const int rank = (int)cluster_rank(), first = blockIdx.x / G::CL, step = gridDim.x / G::CL;
+  // vocabulary tiles of work item it (0 past the last item)
+  const auto item_tiles = [&](int it) {
+    return it < items ? cdiv(min(V, (it / num_rbp + 1) * LOGP_SEG) - it / num_rbp * LOGP_SEG, G::BN) : 0;
+  };
   PipeState ps;
   if (wg == 0) {
     reg_dealloc<40>();
     if (tid == 0) {
-      for (int it = first; it < items; it += step) {
-        const int rb = (it % num_rbp) * G::CL + rank, sg = it / num_rbp;
-        const int vend = min(V, (sg + 1) * LOGP_SEG);
-        for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) produce_tile<G>(s, ps, tmH, tmW, rb * G::BM, n0, nk);
+      // With PP the CTA's items go in pairs (consumer 0's, consumer 1's) whose tiles alternate.
+      for (int it = first; it < items; it += G::PP ? 2 * step : step) {
+        const int pair[2] = {it, G::PP ? it + step : items};
+        const int nt = max(item_tiles(pair[0]), item_tiles(pair[1]));
+        for (int t = 0; t < nt; ++t)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            if (t < item_tiles(pair[c])) {
+              const int rb = (pair[c] % num_rbp) * G::CL + rank, sg = pair[c] / num_rbp;
+              produce_tile<G>(s, ps, tmH, tmW, rb * G::BM, sg * LOGP_SEG + t * G::BN, nk);
+            }
       }
     }
     __syncwarp();
@@ -247,16 +261,24 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
     const bool has_bias = p.flags & LOGP_HAS_BIAS;
     const float inv_t = p.inv_t, k2 = IB_LOG2E * inv_t;  // log2(e) / T (exactly log2(e) for T = 1)
     float acc[G::NACC];
-    for (int it = first; it < items; it += step) {
-      const int rb = (it % num_rbp) * G::CL + rank, sg = it / num_rbp;
-      const int vend = min(V, (sg + 1) * LOGP_SEG);
+    int prev = 0;  // PP: the consumer whose tile the pipeline held last (consumer 0 starts)
+    const auto skip_theirs = [&] {
+      ps.skip(nk, G::ST);
+      prev = 1 - c;
+    };
+    // Work item it (rows from r0, segment sg). PP: the partner's `other` tiles interleave with ours (at each
+    // t consumer 0's, then consumer 1's), the consumers take turns at the MMAs in that order (the partner
+    // then runs its epilogue), and `more` says whether another pair of items follows.
+    const auto run_item = [&](int it, int other, bool more) {
+      const int sg = it / num_rbp, r0 = ((it % num_rbp) * G::CL + rank) * G::BM + (G::PP ? 0 : 64 * c);
+      const int mine = item_tiles(it);
       int row[2], tgt[2];
       float mrun[2], srun[2], urun[2];
       u32 rw[2];  // the sampler: each row's noise word (its key in `targets`), and its best candidate
       Pick best[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        row[i] = rb * G::BM + 64 * c + 16 * w + (l >> 2) + 8 * i;
+        row[i] = r0 + 16 * w + (l >> 2) + 8 * i;
         tgt[i] = row[i] < N && !SAMPLE ? targets[row[i]] : -1;
         mrun[i] = IB_NEG_INF;
         srun[i] = 0.f;
@@ -266,9 +288,21 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
           best[i] = Pick{IB_NEG_INF, IB_NEG_INF, LOGP_NO_TOKEN};
         }
       }
-      for (int n0 = sg * LOGP_SEG; n0 < vend; n0 += G::BN) {
-        consume_tile<G>(acc, s, ps, nk, c, tid);
-        const int cb = n0 + 2 * q;
+      for (int t = 0; t < max(mine, other); ++t) {
+        if (c == 1 && t < other) skip_theirs();
+        if (t >= mine) {
+          if (c == 0 && t < other) skip_theirs();
+          continue;
+        }
+        if (G::PP && prev != c) pingpong_wait(c);
+        // the partner's tile is next: its MMAs queue behind ours and go while this tile's epilogue runs
+        const bool pass = G::PP && (c == 0 ? t < other : (t + 1 < other || (t + 1 >= mine && more)));
+        consume_tile<G>(acc, s, ps, nk, c, tid, [&] {
+          if (pass) pingpong_pass(c);
+        });
+        prev = c;
+        if (c == 0 && t < other) skip_theirs();
+        const int n0 = sg * LOGP_SEG + t * G::BN, cb = n0 + 2 * q;
         if (has_bias) {
 #pragma unroll
           for (int j = 0; j < G::BN / 8; ++j) {
@@ -377,6 +411,19 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
           if (q == 0 && row[i] < N) ws[(size_t)sg * N + row[i]] = v;
         }
       }
+    };
+    if constexpr (G::PP) {
+      for (int it = first; it < items; it += 2 * step) {
+        const int mine = c == 0 ? it : it + step, theirs = c == 0 ? it + step : it;
+        if (mine < items) {
+          run_item(mine, item_tiles(theirs), it + 2 * step < items);
+        } else {
+          ps.skip(item_tiles(theirs) * nk, G::ST);
+          prev = 1 - c;
+        }
+      }
+    } else {
+      for (int it = first; it < items; it += step) run_item(it, 0, false);
     }
   }
   cluster_sync();
@@ -565,6 +612,30 @@ IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_ent_bf16, __nv_bfloat16, ib::LogpCfgBf16, tr
 #endif
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_ent_f16)
 IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_ent_f16, __half, ib::LogpCfgF16, true)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_pp_bf16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_pp_bf16, __nv_bfloat16, ib::LogpPpCfgBf16, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_pp_f16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_pp_f16, __half, ib::LogpPpCfgF16, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_pp_ent_bf16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_pp_ent_bf16, __nv_bfloat16, ib::LogpPpCfgBf16, true)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_fwd_pp_ent_f16)
+IB_LOGP_FWD_ENTRY(ib_logp_fwd_pp_ent_f16, __half, ib::LogpPpCfgF16, true)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_pp_bf16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_pp_bf16, __nv_bfloat16, ib::LogpPpCfgBf16, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_pp_f16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_pp_f16, __half, ib::LogpPpCfgF16, false)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_pp_ent_bf16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_pp_ent_bf16, __nv_bfloat16, ib::LogpPpCfgBf16, true)
+#endif
+#if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_pp_ent_f16)
+IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_pp_ent_f16, __half, ib::LogpPpCfgF16, true)
 #endif
 
 namespace ib {

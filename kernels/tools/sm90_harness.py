@@ -6,7 +6,8 @@ nvrtc_check.py --out DIR, passed with --cubin-dir), encodes TMA maps with cuTens
 with cuLaunchKernel through ctypes on libcuda, exactly as the ABI in kernels/README.md says. torch provides
 data, the f32 references and the cuBLAS timings.
 Usage: sm90_harness.py [--cubin-dir D] [--only MODES]   (default MODES = gemm,logp,perf)
-MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timings vs cuBLAS), perfbwd (NT/TN
+MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timings vs cuBLAS), logppp (the
+ping-pong logp forward = the plain one bitwise, both timed beside cuBLAS), perfbwd (NT/TN
 and logp-backward parts separately), ksweep (time vs K), prof (one launch each, for ncu), sanitize (small
 shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
 bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
@@ -318,22 +319,23 @@ TOKEN_CHUNK, VOCAB_CHUNK = CONSTANTS["TOKEN_CHUNK"], CONSTANTS["VOCAB_CHUNK"]
 LOGP_HAS_BIAS, LOGP_HAS_IGNORE = CONSTANTS["LOGP_HAS_BIAS"], CONSTANTS["LOGP_HAS_IGNORE"]
 DB_LOAD, DB_STORE_ACC, DB_STORE = (CONSTANTS[k] for k in (
     "LOGP_DBIAS_ACC_LOAD", "LOGP_DBIAS_ACC_STORE", "LOGP_DBIAS_STORE"))
-FWD, MERGE, DZ, DBIAS = (ENTRIES[k] for k in ("ib_logp_fwd_bf16", "ib_logp_merge", "ib_logp_bwd_dz_bf16",
-                                              "ib_logp_bwd_dbias_bf16"))
+MERGE, DZ, DBIAS = (ENTRIES[k] for k in ("ib_logp_merge", "ib_logp_bwd_dz_bf16", "ib_logp_bwd_dbias_bf16"))
 
 
-def logp_fwd(H, W, targets, bias=None, ignore_index=None):
+def logp_fwd(H, W, targets, bias=None, ignore_index=None, pp=False):
     N, D = H.shape; V = W.shape[0]
+    fwd = ENTRIES[f"ib_logp_fwd_pp_{sfx(H.dtype)}" if pp else f"ib_logp_fwd_{sfx(H.dtype)}"]
     nseg = -(-V // SEG)
     logp = torch.full((N,), float("nan"), device="cuda"); lse = torch.full((N,), float("nan"), device="cuda")
     ws = torch.empty((nseg * N * 2,), device="cuda")
     flags = (LOGP_HAS_BIAS if bias is not None else 0) | (LOGP_HAS_IGNORE if ignore_index is not None else 0)
     maps = [tmap(H, N, D, D), tmap(W, V, D, D)]
     p = struct.pack("<IIIIqfI", N, V, D, flags, ignore_index or 0, 1.0, 0)  # temperature 1
-    items = -(-(-(-N // FWD.rows)) // FWD.cluster) * nseg  # (row-block pair, segment) items, one per 2-CTA cluster
+    items = -(-(-(-N // fwd.rows)) // fwd.cluster) * nseg  # (row-block pair, segment) items
+    clusters = -(-items // 2) if pp else items  # a ping-pong cluster holds two items at a time
     # wu and ent (the entropy entries' buffers) are not read without LOGP_ENTROPY: any buffer
     bufs = [H, W, H, W, bias, targets, logp, lse, ws, ws, ws]
-    launch(f"ib_logp_fwd_{sfx(H.dtype)}", FWD.cluster * min(items, NUM_SMS // FWD.cluster), maps, bufs, p)
+    launch(fwd.name, fwd.cluster * min(clusters, NUM_SMS // fwd.cluster), maps, bufs, p)
     launch("ib_logp_merge", -(-N // MERGE.rows), [], [targets, logp, lse, ws, ws, ws], p)
     return logp, lse
 
@@ -1089,6 +1091,34 @@ def runner(launches):
 PERF = []
 
 
+def logp_pingpong():
+    """The ping-pong forward (ib_logp_fwd_pp_*) against the plain one: the same bits for ragged N and V (with bias,
+    ignore_index, NaN rows), then both timed beside one cuBLAS GEMM of the same shape."""
+    print("\n== linear_logp forward: ping-pong = plain, bitwise ==", flush=True)
+    for dt in (torch.bfloat16, torch.float16):
+        for (N, D, V) in ((1, 64, 1000), (37, 136, 50021), (64, 4096, 128256), (65, 200, 3001), (130, 64, 2049),
+                          (1000, 512, 32771)):
+            H = rnd(N, D, dt=dt); W = rnd(V, D, dt=dt, scale=0.5); b = rnd(V, dt=dt)
+            tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+            if N > 2:
+                H[N // 2, 3] = float("nan"); tg[1] = -100
+            a = logp_fwd(H, W, tg, b, -100)
+            z = logp_fwd(H, W, tg, b, -100, pp=True)
+            same = all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(a, z))
+            check(f"logp pp = plain {dt} N={N} D={D} V={V}", same)
+    print("\n== linear_logp forward: ping-pong vs plain vs cuBLAS (bf16, D 4096, V 128256) ==", flush=True)
+    W = rnd(128256, 4096, scale=0.5)
+    for N in (int(n) for n in (arg("--rows") or "64,4096").split(",")):
+        H = rnd(N, 4096)
+        tg = torch.randint(0, 128256, (N,), device="cuda", dtype=torch.int32)
+        plain = runner(record(lambda: logp_fwd(H, W, tg)))
+        pp = runner(record(lambda: logp_fwd(H, W, tg, pp=True)))
+        t_plain, t_pp = bench_pair(plain, pp)
+        t_cb = bench(lambda: torch.matmul(H, W.t()))
+        print(f"RESULT logp fwd N={N}: plain {t_plain:.4f} ms, ping-pong {t_pp:.4f} ms, cuBLAS GEMM {t_cb:.4f} ms; "
+              f"plain/GEMM {t_plain / t_cb:.3f}, pp/GEMM {t_pp / t_cb:.3f}", flush=True)
+
+
 def perf():
     dt = torch.bfloat16
     print("\n== GEMM bf16 M=4096 (NN forward) ==", flush=True)
@@ -1240,6 +1270,8 @@ if __name__ == "__main__":
         test_logp()
     if "perf" in ONLY:
         perf()
+    if "logppp" in ONLY:
+        logp_pingpong()
     if "ksweep" in ONLY:
         ksweep()
     if "perfbwd" in ONLY:

@@ -1444,6 +1444,15 @@ macro_rules! invariant_testsuite {
 
         #[test]
         #[serial]
+        fn rows_across_the_pass_bound() {
+            let Some(device) = device() else { return };
+            for &dtype in DTYPES {
+                common::sampler::rows_across_pass_bound::<$backend>(&device, dtype);
+            }
+        }
+
+        #[test]
+        #[serial]
         fn linear_sample_row_invariance() {
             let Some(device) = device() else { return };
             for &dtype in DTYPES {

@@ -43,6 +43,50 @@ fn sample_bits<B: InvariantBackend>(out: LinearSampleOutput<B>) -> Vec<Vec<u64>>
     cols
 }
 
+/// A batch past 2048 rows, where the Sm90 forward passes switch from the ping-pong kernels to
+/// the 128-row ones: its rows keep their bits alone and in batches under the bound, through
+/// `linear_logp_with_lse` and `linear_sample` (greedy and Gumbel).
+pub fn rows_across_pass_bound<B: InvariantBackend>(device: &B::Device, dtype: DType) {
+    let [n, d, v] = [2100, 24, 1100];
+    let p = logp_problem::<B>(device, dtype, [n, d, v], true, None, 517);
+    let what = format!("{dtype:?} N {n} (past the bound)");
+    let (logp, lse) = p.run();
+    let (logp, lse) = (bits(logp), bits(lse));
+    let base = SampleOptions::default().with_seed(77).with_entropy(true);
+    let rules = [base.clone(), base.with_greedy(true)];
+    let full: Vec<_> = rules
+        .iter()
+        .map(|o| sample_bits(sample(&p, p.hidden.clone(), p.targets.clone(), o)))
+        .collect();
+    let picks: [Vec<usize>; 3] = [
+        vec![0, 1049, 2047, 2048, 2099],
+        (1990..2060).collect(),
+        (3..n).step_by(3).collect(),
+    ];
+    for rows in picks {
+        let part = p.select(&rows);
+        let (l, e) = part.run();
+        let (l, e) = (bits(l), bits(e));
+        for (r, &i) in rows.iter().enumerate() {
+            assert_eq!(l[r], logp[i], "{what}: logp row {i} of {} rows", rows.len());
+            assert_eq!(e[r], lse[i], "{what}: lse row {i} of {} rows", rows.len());
+        }
+        for (o, whole) in rules.iter().zip(&full) {
+            let got = sample_bits(sample(&p, part.hidden.clone(), part.targets.clone(), o));
+            for (c, (got, whole)) in got.iter().zip(whole).enumerate() {
+                for (r, &i) in rows.iter().enumerate() {
+                    assert_eq!(
+                        got[r],
+                        whole[i],
+                        "{what}: linear_sample {o:?} column {c} row {i} of {} rows",
+                        rows.len()
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Whether the sampler's kernels and `linear_logp`'s give the same bits on `B`: not through
 /// Vulkan/SPIR-V, whose driver fuses multiply-adds per kernel as it sees fit.
 fn same_bits_expected<B: InvariantBackend>(device: &B::Device) -> bool {

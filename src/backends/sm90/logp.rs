@@ -92,22 +92,37 @@ fn logp_flags(bias: bool, ignore_index: Option<i64>, head: LogpHead) -> u32 {
         | if head.entropy { LOGP_ENTROPY } else { 0 }
 }
 
-/// The entry `<stem>[_ent]_<dtype>` of the `linear_logp` kernels.
-fn logp_entry(stem: &str, dtype: DType, head: LogpHead) -> Entry {
-    match (stem, head.entropy, is_bf16(dtype)) {
-        ("fwd", false, true) => entry!("ib_logp_fwd_bf16"),
-        ("fwd", false, false) => entry!("ib_logp_fwd_f16"),
-        ("fwd", true, true) => entry!("ib_logp_fwd_ent_bf16"),
-        ("fwd", true, false) => entry!("ib_logp_fwd_ent_f16"),
-        ("sample", false, true) => entry!("ib_logp_sample_bf16"),
-        ("sample", false, false) => entry!("ib_logp_sample_f16"),
-        ("sample", true, true) => entry!("ib_logp_sample_ent_bf16"),
-        ("sample", true, false) => entry!("ib_logp_sample_ent_f16"),
-        ("bwd_dz", false, true) => entry!("ib_logp_bwd_dz_bf16"),
-        ("bwd_dz", false, false) => entry!("ib_logp_bwd_dz_f16"),
-        ("bwd_dz", true, true) => entry!("ib_logp_bwd_dz_ent_bf16"),
-        ("bwd_dz", true, false) => entry!("ib_logp_bwd_dz_ent_f16"),
-        (other, ..) => unreachable!("no linear_logp entry `{other}`"),
+/// Rows up to which the forward passes run the ping-pong kernels (`ib_logp_{fwd,sample}_pp_*`: 64-row
+/// work items, one consumer's epilogue beside the other's MMAs), past which the 128-row ones (each W
+/// tile read for twice the rows: the ping-pong kernels are bound by L2 there). Both give every row
+/// the same bits, so the choice by N keeps every invariance. Measured in
+/// `benches/results/sample-h100.md` (2026-11-28, 19:54 UTC).
+const PINGPONG_MAX_ROWS: usize = 2048;
+
+/// The entry `<stem>[_pp][_ent]_<dtype>` of the `linear_logp` kernels.
+fn logp_entry(stem: &str, pingpong: bool, dtype: DType, head: LogpHead) -> Entry {
+    match (stem, pingpong, head.entropy, is_bf16(dtype)) {
+        ("fwd", false, false, true) => entry!("ib_logp_fwd_bf16"),
+        ("fwd", false, false, false) => entry!("ib_logp_fwd_f16"),
+        ("fwd", false, true, true) => entry!("ib_logp_fwd_ent_bf16"),
+        ("fwd", false, true, false) => entry!("ib_logp_fwd_ent_f16"),
+        ("fwd", true, false, true) => entry!("ib_logp_fwd_pp_bf16"),
+        ("fwd", true, false, false) => entry!("ib_logp_fwd_pp_f16"),
+        ("fwd", true, true, true) => entry!("ib_logp_fwd_pp_ent_bf16"),
+        ("fwd", true, true, false) => entry!("ib_logp_fwd_pp_ent_f16"),
+        ("sample", false, false, true) => entry!("ib_logp_sample_bf16"),
+        ("sample", false, false, false) => entry!("ib_logp_sample_f16"),
+        ("sample", false, true, true) => entry!("ib_logp_sample_ent_bf16"),
+        ("sample", false, true, false) => entry!("ib_logp_sample_ent_f16"),
+        ("sample", true, false, true) => entry!("ib_logp_sample_pp_bf16"),
+        ("sample", true, false, false) => entry!("ib_logp_sample_pp_f16"),
+        ("sample", true, true, true) => entry!("ib_logp_sample_pp_ent_bf16"),
+        ("sample", true, true, false) => entry!("ib_logp_sample_pp_ent_f16"),
+        ("bwd_dz", false, false, true) => entry!("ib_logp_bwd_dz_bf16"),
+        ("bwd_dz", false, false, false) => entry!("ib_logp_bwd_dz_f16"),
+        ("bwd_dz", false, true, true) => entry!("ib_logp_bwd_dz_ent_bf16"),
+        ("bwd_dz", false, true, false) => entry!("ib_logp_bwd_dz_ent_f16"),
+        (other, ..) => unreachable!("no linear_logp entry `{other}` (ping-pong {pingpong})"),
     }
 }
 
@@ -130,11 +145,17 @@ impl LogpArgs {
 }
 
 /// The persistent grid of a forward pass (`ib_logp_fwd_*`, `ib_logp_sample_*`) over `n` rows and
-/// `segments` vocabulary segments: one CTA cluster per work item, at most the SMs' worth.
+/// `segments` vocabulary segments: one CTA cluster per work item (per two with the ping-pong
+/// passes, one per consumer), at most the SMs' worth.
 fn pass_grid(pass: Entry, n: usize, segments: usize, client: &ComputeClient<CudaRuntime>) -> usize {
     let cluster = pass.cluster;
     let items = n.div_ceil(pass.tile[0]).div_ceil(cluster) * segments;
-    cluster * items.min(sm_count(client) / cluster).max(1)
+    let at_once = if pass.name.contains("_pp_") { 2 } else { 1 };
+    cluster
+        * items
+            .div_ceil(at_once)
+            .min(sm_count(client) / cluster)
+            .max(1)
 }
 
 /// f32 `[n]` outputs joined as the columns of `[n, C]`.
@@ -190,7 +211,7 @@ pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTenso
     let any = &workspace;
     let shifted_binding = binding(shifted.as_ref().unwrap_or(any));
     let bias_binding = bias.as_ref().map_or_else(|| h.binding(), binding);
-    let pass = logp_entry("sample", dtype, head);
+    let pass = logp_entry("sample", n <= PINGPONG_MAX_ROWS, dtype, head);
     launch(
         &client,
         pass,
@@ -287,7 +308,7 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         .map_or_else(|| h.binding(), |b| b.handle.clone().binding());
     let mut buffers = vec![h.binding(), w.binding(), bias_binding];
     buffers.extend(outputs());
-    let forward = logp_entry("fwd", dtype, head);
+    let forward = logp_entry("fwd", n <= PINGPONG_MAX_ROWS, dtype, head);
     launch(
         &client,
         forward,
@@ -475,7 +496,7 @@ impl Backward {
         ];
         buffers.extend(self.columns.iter().map(|c| self.or_any(c.as_ref())));
         buffers.extend([self.dz.binding(), self.dbias_part.handle.clone().binding()]);
-        let kernel = logp_entry("bwd_dz", self.dtype, self.head);
+        let kernel = logp_entry("bwd_dz", false, self.dtype, self.head);
         let ([rows, cols], cluster) = (kernel.tile, kernel.cluster);
         let tiles = chunk.tw.div_ceil(rows).div_ceil(cluster) * chunk.vw.div_ceil(cols);
         let grid = cluster * tiles.min(sm_count(client) / cluster).max(1);

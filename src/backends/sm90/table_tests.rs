@@ -238,9 +238,9 @@ fn has_word(text: &str, word: &str) -> bool {
         .any(|(i, _)| !text[..i].ends_with(ident) && !text[i + word.len()..].starts_with(ident))
 }
 
-/// The `ib::Gmma<T, BN, NC, ST, TA, TB, CL>` numbers behind a kernel (in its text, a typedef it
+/// The `ib::Gmma<T, BN, NC, ST, TA, TB, CL[, PP]>` numbers behind a kernel (in its text, a typedef it
 /// names, or an `ib::` function it calls) and the extra bytes its `carve` asks for.
-fn gmma(kernel: &Kernel, src: &str) -> Option<([u64; 6], u64)> {
+fn gmma(kernel: &Kernel, src: &str) -> Option<([u64; 7], u64)> {
     let texts = texts(kernel, src);
     let direct = |t: &str| Some(group(&t[t.find("Gmma<")? + 4..]).0.to_string());
     let typedef = || {
@@ -253,8 +253,13 @@ fn gmma(kernel: &Kernel, src: &str) -> Option<([u64; 6], u64)> {
     let inner = direct(&kernel.text)
         .or_else(typedef)
         .or_else(|| texts.iter().find_map(|t| direct(t)))?;
-    let numbers: Vec<u64> = args(&inner)[1..].iter().map(|a| eval(a)).collect();
-    let config: [u64; 6] = numbers.try_into().expect("Gmma<T, BN, NC, ST, TA, TB, CL>");
+    let mut numbers: Vec<u64> = args(&inner)[1..].iter().map(|a| eval(a)).collect();
+    if numbers.len() == 6 {
+        numbers.push(0); // PP defaults to 0
+    }
+    let config: [u64; 7] = numbers
+        .try_into()
+        .expect("Gmma<T, BN, NC, ST, TA, TB, CL[, PP]>");
     let extra = texts
         .iter()
         .filter_map(|t| {
@@ -331,8 +336,8 @@ fn check_shape(kernel: &Kernel, (entry, line): (Entry, &[u8]), src: &str) {
         return;
     }
     match gmma(kernel, src) {
-        Some(([bn, nc, st, _, _, cl], extra)) => {
-            let bm = 64 * nc;
+        Some(([bn, nc, st, _, _, cl, pp], extra)) => {
+            let bm = if pp == 1 { 64 } else { 64 * nc };
             assert_eq!(
                 [rows, cols],
                 [bm as usize, bn as usize],
@@ -422,8 +427,8 @@ fn entries_are_the_kernels_of_their_sources() {
 #[test]
 fn gmma_layout_is_the_one_the_table_assumes() {
     for text in [
-        "template <class T, int BN_, int NC_, int ST_, int TA_, int TB_, int CL_ = 1>\nstruct Gmma {",
-        "static constexpr int BM = 64 * NC, BK = 64;",
+        "template <class T, int BN_, int NC_, int ST_, int TA_, int TB_, int CL_ = 1, int PP_ = 0>\nstruct Gmma {",
+        "static constexpr int BM = PP ? 64 : 64 * NC, BK = 64;",
         "A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;",
         "static constexpr int NTHREADS = 128 * (NC + 1);",
         "static constexpr int PIPE_BYTES = ST * STAGE_BYTES;",
