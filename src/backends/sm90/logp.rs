@@ -144,18 +144,27 @@ impl LogpArgs {
     }
 }
 
-/// The persistent grid of a forward pass (`ib_logp_fwd_*`, `ib_logp_sample_*`) over `n` rows and
-/// `segments` vocabulary segments: one CTA cluster per work item (per two with the ping-pong
-/// passes, one per consumer), at most the SMs' worth.
-fn pass_grid(pass: Entry, n: usize, segments: usize, client: &ComputeClient<CudaRuntime>) -> usize {
+/// A forward pass (`stem` `fwd` or `sample`) over `n` rows and `segments` vocabulary segments: the
+/// ping-pong entry up to [`PINGPONG_MAX_ROWS`] rows, else the 128-row one, and its persistent grid
+/// of one CTA cluster per work item (per two with ping-pong, one per consumer), at most the SMs'
+/// worth.
+fn forward_pass(
+    stem: &str,
+    (n, segments): (usize, usize),
+    dtype: DType,
+    head: LogpHead,
+    client: &ComputeClient<CudaRuntime>,
+) -> (Entry, usize) {
+    let pingpong = n <= PINGPONG_MAX_ROWS;
+    let pass = logp_entry(stem, pingpong, dtype, head);
     let cluster = pass.cluster;
     let items = n.div_ceil(pass.tile[0]).div_ceil(cluster) * segments;
-    let at_once = if pass.name.contains("_pp_") { 2 } else { 1 };
-    cluster
-        * items
-            .div_ceil(at_once)
-            .min(sm_count(client) / cluster)
-            .max(1)
+    let at_once = if pingpong { 2 } else { 1 };
+    let clusters = items
+        .div_ceil(at_once)
+        .min(sm_count(client) / cluster)
+        .max(1);
+    (pass, cluster * clusters)
 }
 
 /// f32 `[n]` outputs joined as the columns of `[n, C]`.
@@ -211,11 +220,11 @@ pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTenso
     let any = &workspace;
     let shifted_binding = binding(shifted.as_ref().unwrap_or(any));
     let bias_binding = bias.as_ref().map_or_else(|| h.binding(), binding);
-    let pass = logp_entry("sample", n <= PINGPONG_MAX_ROWS, dtype, head);
+    let (pass, grid) = forward_pass("sample", (n, segments), dtype, head, &client);
     launch(
         &client,
         pass,
-        pass_grid(pass, n, segments, &client),
+        grid,
         vec![h.map(0, n), w.map(0, v)],
         vec![
             h.binding(),
@@ -308,11 +317,11 @@ pub(crate) fn linear_logp(args: LogpArgs) -> CudaTensor {
         .map_or_else(|| h.binding(), |b| b.handle.clone().binding());
     let mut buffers = vec![h.binding(), w.binding(), bias_binding];
     buffers.extend(outputs());
-    let forward = logp_entry("fwd", n <= PINGPONG_MAX_ROWS, dtype, head);
+    let (forward, grid) = forward_pass("fwd", (n, segments), dtype, head, &client);
     launch(
         &client,
         forward,
-        pass_grid(forward, n, segments, &client),
+        grid,
         vec![h.map(0, n), w.map(0, v)],
         buffers,
         &params,
