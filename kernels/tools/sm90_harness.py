@@ -7,7 +7,8 @@ with cuLaunchKernel through ctypes on libcuda, exactly as the ABI in kernels/REA
 data, the f32 references and the cuBLAS timings.
 Usage: sm90_harness.py [--cubin-dir D] [--only MODES]   (default MODES = gemm,logp,perf)
 MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timings vs cuBLAS), logppp (the
-ping-pong logp forward = the plain one bitwise, both timed beside cuBLAS), perfbwd (NT/TN
+ping-pong logp forward = the plain one bitwise, both timed beside cuBLAS), samplepp (the same for the sampler's
+pass, Gumbel and greedy), perfbwd (NT/TN
 and logp-backward parts separately), ksweep (time vs K), prof (one launch each, for ncu), sanitize (small
 shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
 bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
@@ -1119,6 +1120,43 @@ def logp_pingpong():
               f"plain/GEMM {t_plain / t_cb:.3f}, pp/GEMM {t_pp / t_cb:.3f}", flush=True)
 
 
+def sample_pass(H, W, keys, noise, pp=False, seed=1):
+    """The sampler's pass and merge (as src/backends/sm90/logp.rs launches them), no entropy: `[N]` tokens."""
+    N, D = H.shape; V = W.shape[0]
+    sp = ENTRIES[f"ib_logp_sample_pp_{sfx(H.dtype)}" if pp else f"ib_logp_sample_{sfx(H.dtype)}"]
+    merge = ENTRIES["ib_logp_sample_merge"]
+    nseg = -(-V // SEG)
+    out = [torch.empty((N,), device="cuda") for _ in range(3)]  # logp, lse, token
+    ws = torch.empty((nseg * N * 2,), device="cuda"); cand = torch.empty((nseg * N * 4,), device="cuda")
+    p = struct.pack("<IIIIqfIIIII", N, V, D, 0, 0, 1.0, 0, seed & 0xFFFFFFFF, seed >> 32, int(noise), 0)
+    items = -(-(-(-N // sp.rows)) // sp.cluster) * nseg
+    clusters = -(-items // 2) if pp else items
+    launch(sp.name, sp.cluster * min(clusters, NUM_SMS // sp.cluster), [tmap(H, N, D, D), tmap(W, V, D, D)],
+           [H, W, H, W, H, keys, ws, ws, cand], p)  # the maps' buffers, then the entry's
+    launch(merge.name, -(-N // merge.rows), [], [out[0], out[1], ws, ws, ws, cand, out[2]], p)
+    return out
+
+
+def sample_pingpong():
+    """The sampler's pass with ping-pong consumers against the 128-row one: same tokens and log-probs, bitwise,
+    then both timed (Gumbel and greedy) beside one cuBLAS GEMM, at the rows of --rows."""
+    print("\n== linear_sample pass: ping-pong vs plain vs cuBLAS (bf16, D 4096, V 128256) ==", flush=True)
+    W = rnd(128256, 4096, scale=0.5)
+    for N in (int(n) for n in (arg("--rows") or "64,4096").split(",")):
+        H = rnd(N, 4096)
+        keys = torch.arange(N, device="cuda", dtype=torch.int32)
+        t_cb = bench(lambda: torch.matmul(H, W.t()))
+        for noise, rule in ((1, "gumbel"), (0, "greedy")):
+            same = all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in
+                       zip(sample_pass(H, W, keys, noise), sample_pass(H, W, keys, noise, pp=True)))
+            check(f"sample pp = plain {rule} N={N}", same)
+            plain = runner(record(lambda: sample_pass(H, W, keys, noise)))
+            pp = runner(record(lambda: sample_pass(H, W, keys, noise, pp=True)))
+            t_plain, t_pp = bench_pair(plain, pp)
+            print(f"RESULT sample {rule} N={N}: plain {t_plain:.4f} ms, ping-pong {t_pp:.4f} ms, cuBLAS GEMM "
+                  f"{t_cb:.4f} ms; plain/GEMM {t_plain / t_cb:.3f}, pp/GEMM {t_pp / t_cb:.3f}", flush=True)
+
+
 def perf():
     dt = torch.bfloat16
     print("\n== GEMM bf16 M=4096 (NN forward) ==", flush=True)
@@ -1272,6 +1310,8 @@ if __name__ == "__main__":
         perf()
     if "logppp" in ONLY:
         logp_pingpong()
+    if "samplepp" in ONLY:
+        sample_pingpong()
     if "ksweep" in ONLY:
         ksweep()
     if "perfbwd" in ONLY:

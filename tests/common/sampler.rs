@@ -43,11 +43,12 @@ fn sample_bits<B: InvariantBackend>(out: LinearSampleOutput<B>) -> Vec<Vec<u64>>
     cols
 }
 
-/// A batch past 2048 rows, where the Sm90 forward passes switch from the ping-pong kernels to
-/// the 128-row ones: its rows keep their bits alone and in batches under the bound, through
-/// `linear_logp_with_lse` and `linear_sample` (greedy and Gumbel).
+/// A batch past 4096 rows, where the Sm90 forward passes switch from the ping-pong kernels to
+/// the 128-row ones (`linear_logp` past 2048 rows, the sampler past 4096): its rows keep their
+/// bits alone and in batches on either side of each bound, through `linear_logp_with_lse` and
+/// `linear_sample` (greedy and Gumbel).
 pub fn rows_across_pass_bound<B: InvariantBackend>(device: &B::Device, dtype: DType) {
-    let [n, d, v] = [2100, 24, 1100];
+    let [n, d, v] = [4200, 24, 1100];
     let p = logp_problem::<B>(device, dtype, [n, d, v], true, None, 517);
     let what = format!("{dtype:?} N {n} (past the bound)");
     let (logp, lse) = p.run();
@@ -58,10 +59,11 @@ pub fn rows_across_pass_bound<B: InvariantBackend>(device: &B::Device, dtype: DT
         .iter()
         .map(|o| sample_bits(sample(&p, p.hidden.clone(), p.targets.clone(), o)))
         .collect();
-    let picks: [Vec<usize>; 3] = [
-        vec![0, 1049, 2047, 2048, 2099],
-        (1990..2060).collect(),
+    let picks: [Vec<usize>; 4] = [
+        vec![0, 1049, 2047, 2048, 4095, 4096, 4199],
+        (4090..4160).collect(),
         (3..n).step_by(3).collect(),
+        (1..n).step_by(2).collect(),
     ];
     for rows in picks {
         let part = p.select(&rows);

@@ -92,12 +92,18 @@ fn logp_flags(bias: bool, ignore_index: Option<i64>, head: LogpHead) -> u32 {
         | if head.entropy { LOGP_ENTROPY } else { 0 }
 }
 
-/// Rows up to which the forward passes run the ping-pong kernels (`ib_logp_{fwd,sample}_pp_*`: 64-row
-/// work items, one consumer's epilogue beside the other's MMAs), past which the 128-row ones (each W
-/// tile read for twice the rows: the ping-pong kernels are bound by L2 there). Both give every row
-/// the same bits, so the choice by N keeps every invariance. Measured in
-/// `benches/results/sample-h100.md` (2026-11-28, 19:54 UTC).
-const PINGPONG_MAX_ROWS: usize = 2048;
+/// Rows up to which a forward pass runs its ping-pong kernel (`ib_logp_{fwd,sample}_pp_*`: 64-row
+/// work items, one consumer's epilogue beside the other's MMAs), past which the 128-row one (each W
+/// tile read for twice the rows: the ping-pong kernels are bound by L2 there). The sampler's pass,
+/// whose epilogue (the noise, the candidates) is the heavier, gains up to twice as many rows.
+/// Both kernels give every row the same bits, so the choice by N keeps every invariance. Measured
+/// in `benches/results/sample-h100.md` (2026-11-28, 19:54 and 23:36 UTC).
+fn pingpong_max_rows(stem: &str) -> usize {
+    match stem {
+        "sample" => 4096,
+        _ => 2048,
+    }
+}
 
 /// The entry `<stem>[_pp][_ent]_<dtype>` of the `linear_logp` kernels.
 fn logp_entry(stem: &str, pingpong: bool, dtype: DType, head: LogpHead) -> Entry {
@@ -145,7 +151,7 @@ impl LogpArgs {
 }
 
 /// A forward pass (`stem` `fwd` or `sample`) over `n` rows and `segments` vocabulary segments: the
-/// ping-pong entry up to [`PINGPONG_MAX_ROWS`] rows, else the 128-row one, and its persistent grid
+/// ping-pong entry up to [`pingpong_max_rows`], else the 128-row one, and its persistent grid
 /// of one CTA cluster per work item (per two with ping-pong, one per consumer), at most the SMs'
 /// worth.
 fn forward_pass(
@@ -155,7 +161,7 @@ fn forward_pass(
     head: LogpHead,
     client: &ComputeClient<CudaRuntime>,
 ) -> (Entry, usize) {
-    let pingpong = n <= PINGPONG_MAX_ROWS;
+    let pingpong = n <= pingpong_max_rows(stem);
     let pass = logp_entry(stem, pingpong, dtype, head);
     let cluster = pass.cluster;
     let items = n.div_ceil(pass.tile[0]).div_ceil(cluster) * segments;
