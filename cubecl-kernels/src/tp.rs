@@ -6,6 +6,7 @@
 //! Buffers are contiguous (the caller makes them so); every launch checks shapes and sizes.
 
 use crate::error::KernelError;
+use crate::logp::{SoftmaxMath, exp_s, ln_s};
 use crate::util::{IndexDType, check_grid, check_out_view, check_view, expect_shape, raw_arg};
 use cubecl::prelude::*;
 
@@ -84,7 +85,13 @@ fn leaf_targets_kernel<I: Int>(
 /// `a ⊕ b = max(a, b) + ln(1 + exp(−|a − b|))`, with `−|a − b|` taken as 0 when `a == b` (so two
 /// equal infinities give that infinity); NaN propagates.
 #[cube(launch_unchecked)]
-fn merge_lse_kernel(a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>, n: u32) {
+fn merge_lse_kernel(
+    a: &Tensor<f32>,
+    b: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    n: u32,
+    #[comptime] math: SoftmaxMath,
+) {
     let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
         * CUBE_DIM_X as usize
         + UNIT_POS_X as usize;
@@ -93,7 +100,7 @@ fn merge_lse_kernel(a: &Tensor<f32>, b: &Tensor<f32>, out: &mut Tensor<f32>, n: 
         let y = b[row];
         let max = select(x > y, x, y);
         let gap = select(x == y, 0.0f32, -f32::abs(x - y));
-        out[row] = max + f32::log1p(f32::exp(gap));
+        out[row] = max + log1p_exp(gap, math);
     }
 }
 
@@ -108,6 +115,7 @@ fn merge_entropy_kernel(
     out: &mut Tensor<f32>,
     n_rows: u32,
     neg_inf: f32,
+    #[comptime] math: SoftmaxMath,
 ) {
     let row = (CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize)
         * CUBE_DIM_X as usize
@@ -118,9 +126,9 @@ fn merge_entropy_kernel(
         let y = b[row];
         let max = select(x > y, x, y);
         let gap = select(x == y, 0.0f32, -f32::abs(x - y));
-        let lse = max + f32::log1p(f32::exp(gap));
-        let h =
-            entropy_side(x, a[n + row], lse, neg_inf) + entropy_side(y, b[n + row], lse, neg_inf);
+        let lse = max + log1p_exp(gap, math);
+        let h = entropy_side(x, a[n + row], lse, neg_inf, math)
+            + entropy_side(y, b[n + row], lse, neg_inf, math);
         out[row] = lse;
         out[n + row] = h;
     }
@@ -128,9 +136,26 @@ fn merge_entropy_kernel(
 
 /// One side's share of a merged entropy: `w·(H + lse − lse_side)`, `w = exp(lse_side − lse)`.
 #[cube]
-fn entropy_side(lse_side: f32, h: f32, lse: f32, neg_inf: f32) -> f32 {
+fn entropy_side(
+    lse_side: f32,
+    h: f32,
+    lse: f32,
+    neg_inf: f32,
+    #[comptime] math: SoftmaxMath,
+) -> f32 {
     let gap = lse_side - lse;
-    select(lse_side == neg_inf, 0.0f32, f32::exp(gap) * (h - gap))
+    select(lse_side == neg_inf, 0.0f32, exp_s(gap, math) * (h - gap))
+}
+
+/// `ln(1 + eˣ)` for `x ≤ 0`: the runtime's `log1p` and `exp`, or the portable `ln(1 + exp_p(x))`
+/// (see `SoftmaxMath`).
+#[cube]
+fn log1p_exp(x: f32, #[comptime] math: SoftmaxMath) -> f32 {
+    if comptime![math.portable] {
+        ln_s(1.0f32 + exp_s(x, math), math)
+    } else {
+        f32::log1p(f32::exp(x))
+    }
 }
 
 /// `out [2, N]`: row 0 the leaf's `logp`, row 1 its `lse` where the leaf owns the row
@@ -336,6 +361,7 @@ pub fn merge_lse<R: Runtime>(
             raw_arg(b),
             raw_arg(out),
             n32,
+            SoftmaxMath::of(client),
         );
     }
     Ok(())
@@ -362,6 +388,7 @@ pub fn merge_entropy<R: Runtime>(
             raw_arg(out),
             n32,
             f32::NEG_INFINITY,
+            SoftmaxMath::of(client),
         );
     }
     Ok(())

@@ -8,7 +8,7 @@ use super::inputs::{
     linear_logp_backward_workspace_len, view,
 };
 use super::logits::{
-    DzInputs, DzInputsLaunch, Linear, LogpCfg, dz_value, logits_block, row_gradients,
+    DzInputs, DzInputsLaunch, Linear, LogpCfg, SoftmaxMath, dz_value, logits_block, row_gradients,
 };
 use super::tc_backward::{Accumulators, tc_backward};
 use super::workspace::{HalfLayout, dw_chunk_rows};
@@ -348,6 +348,7 @@ impl<'a, 'b, R: Runtime> Backward<'a, 'b, R> {
                     has_ignore: c.ignore.is_some(),
                     entropy: c.entropy,
                     emulate_fma: self.emulate_fma,
+                    math: SoftmaxMath::NATIVE,
                 },
                 [c.dt.storage(), c.it.storage()],
             );

@@ -10,8 +10,8 @@ use super::inputs::{
     linear_logp_forward_workspace_len, linear_logp_num_segments, targets, tensor_core_choice, view,
 };
 use super::logits::{
-    Linear, LogpCfg, StatsCfg, Targets, accumulate, combine_partials, finish_softmax, logits_block,
-    rescale, resolve_target, stage_logits,
+    Linear, LogpCfg, SoftmaxMath, StatsCfg, Targets, accumulate, combine_partials, finish_softmax,
+    logits_block, rescale, resolve_target, stage_logits,
 };
 use super::noise::row_word;
 use super::tc_forward::tc_forward_partials;
@@ -121,6 +121,7 @@ pub(crate) fn launch_fma_partials<R: Runtime>(
                     has_ignore: c.ignore.is_some(),
                     entropy: c.entropy,
                     emulate_fma: fma_mode(client) == FmaMode::Emulated,
+                    math: SoftmaxMath::of(client),
                 },
                 pick,
                 [f, i],
@@ -160,6 +161,7 @@ fn launch_merge<R: Runtime>(
             StatsCfg {
                 has_ignore: c.ignore.is_some(),
                 entropy: c.entropy,
+                math: SoftmaxMath::of(client),
             },
             c.it.storage(),
         );
@@ -267,7 +269,7 @@ pub(crate) fn logp_partial_kernel<F: Float, I: Int>(
             let ncols = min(LOGP_VOCAB_TILE, seg_end - j0);
             let base = tid * LOGP_VOCAB_TILE;
             online_softmax(
-                &z_s, base, ncols, neg_inf, &mut run_m, &mut run_s, &mut run_u, entropy,
+                &z_s, base, ncols, neg_inf, &mut run_m, &mut run_s, &mut run_u, entropy, cfg.math,
             );
             if has_tgt && tgt_u >= j0 && tgt_u < j0 + ncols {
                 t_logit = z_s[base + tgt_u - j0];
@@ -334,16 +336,17 @@ fn online_softmax(
     run_s: &mut f32,
     run_u: &mut f32,
     #[comptime] entropy: bool,
+    #[comptime] math: SoftmaxMath,
 ) {
     let mut tmax = neg_inf;
     for c in 0..ncols {
         let z = z_s[base + c];
         tmax = select(z > tmax, z, tmax);
     }
-    rescale(run_m, run_s, run_u, tmax, entropy);
+    rescale(run_m, run_s, run_u, tmax, entropy, math);
     let m = *run_m;
     for c in 0..ncols {
-        accumulate(z_s[base + c], m, neg_inf, run_s, run_u, entropy);
+        accumulate(z_s[base + c], m, neg_inf, run_s, run_u, entropy, math);
     }
 }
 
@@ -355,6 +358,7 @@ pub(crate) fn merge_segments(
     row: usize,
     num_seg: usize,
     #[comptime] entropy: bool,
+    #[comptime] math: SoftmaxMath,
 ) -> (f32, f32) {
     let mut m = neg_inf();
     let mut s = 0.0f32;
@@ -366,12 +370,12 @@ pub(crate) fn merge_segments(
             ui = partial[o + 3];
         }
         let (m_new, s_new, u_new) =
-            combine_partials(m, s, u, partial[o], partial[o + 1], ui, entropy);
+            combine_partials(m, s, u, partial[o], partial[o + 1], ui, entropy, math);
         m = m_new;
         s = s_new;
         u = u_new;
     }
-    finish_softmax(m, s, u)
+    finish_softmax(m, s, u, math)
 }
 
 /// Forward pass 2: one unit per row merges the segment partials in ascending segment order and
@@ -390,7 +394,7 @@ pub(crate) fn logp_merge_kernel<I: Int>(
     let n = sc.n_rows as usize;
     let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     if row < n {
-        let (lse, ent) = merge_segments(partial, n, row, sc.num_seg as usize, entropy);
+        let (lse, ent) = merge_segments(partial, n, row, sc.num_seg as usize, entropy, cfg.math);
         let tgt = resolve_target::<I>(
             targets.buf[targets.offset as usize + row * targets.stride as usize],
             v,

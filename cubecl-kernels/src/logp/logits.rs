@@ -2,8 +2,9 @@
 // #[cube] functions take each tensor and index as its own argument (they are expanded inline).
 #![allow(clippy::too_many_arguments)]
 
+use crate::attention::math::{exp_p, ln_p, neg_inf};
 use crate::consts::{FMA_MICRO, FMA_THREADS, LOGP_VOCAB_TILE};
-use crate::gemm::fma::{SKIP_NONE, fma_block};
+use crate::gemm::fma::{FmaMode, SKIP_NONE, fma_block, fma_mode};
 use crate::gemm::view::{MatArg, StridedView, VecArg};
 use cubecl::prelude::*;
 
@@ -31,11 +32,65 @@ pub(crate) struct RowTargets<I: Int> {
     pub stride: u32,
 }
 
-/// The compile-time switches of the kernels that take no layer: an ignore index, the entropy.
+/// The compile-time switches of the kernels that take no layer: an ignore index, the entropy,
+/// the softmax's `exp` and `ln`.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct StatsCfg {
     pub has_ignore: bool,
     pub entropy: bool,
+    pub math: SoftmaxMath,
+}
+
+/// Where the softmax kernels take `exp` and `ln` from: the runtime's own where they are fixed
+/// functions of their argument (CUDA, HIP), else the crate's portable `exp_p` / `ln_p` (chains of
+/// `fma`). A Vulkan driver may fold `exp(z − m)` into the arithmetic around it (its `exp` has an
+/// error bound, not a definition), and did so differently in two of these kernels on NVIDIA's
+/// driver: a row's `lse` with and without the entropy one place apart.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct SoftmaxMath {
+    pub portable: bool,
+    /// `fma` emulated in the portable functions (see `fma_mode`).
+    pub emulate_fma: bool,
+}
+
+impl SoftmaxMath {
+    /// The runtime's own: the backward's kernels, whose `p = exp(z − lse)` no other kernel
+    /// must match.
+    pub(crate) const NATIVE: Self = Self {
+        portable: false,
+        emulate_fma: false,
+    };
+
+    /// This client's choice: by runtime, never by shape.
+    pub(crate) fn of<R: Runtime>(client: &ComputeClient<R>) -> Self {
+        let portable = !matches!(R::name(client), "cuda" | "hip");
+        Self {
+            portable,
+            emulate_fma: portable && fma_mode(client) == FmaMode::Emulated,
+        }
+    }
+}
+
+/// `eˣ` as `math` says.
+#[cube]
+pub(crate) fn exp_s(x: f32, #[comptime] math: SoftmaxMath) -> f32 {
+    if comptime![math.portable] {
+        exp_p(x, math.emulate_fma)
+    } else {
+        f32::exp(x)
+    }
+}
+
+/// `ln x` as `math` says (`ln_p` on finite `x > 0`; 0, ∞, NaN and negative `x` take the
+/// runtime's `ln`, exact there).
+#[cube]
+pub(crate) fn ln_s(x: f32, #[comptime] math: SoftmaxMath) -> f32 {
+    let mut y = f32::ln(x);
+    if comptime![math.portable] {
+        let finite = x > 0.0f32 && x < f32::abs(neg_inf());
+        y = select(finite, ln_p(x, math.emulate_fma), y);
+    }
+    y
 }
 
 /// The targets, the forward's `stats` and the upstream gradient of the backward kernels:
@@ -49,13 +104,14 @@ pub(crate) struct DzInputs<I: Int> {
 }
 
 /// The compile-time switches of the FMA logits kernels: a bias, an ignore index, the entropy,
-/// `fma` emulated.
+/// `fma` emulated, the softmax's `exp` and `ln`.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct LogpCfg {
     pub has_bias: bool,
     pub has_ignore: bool,
     pub entropy: bool,
     pub emulate_fma: bool,
+    pub math: SoftmaxMath,
 }
 
 /// Resolved target: `t` in `[0, v)` → `t`; `t == ignore` → -1; anything else → -2.
@@ -141,10 +197,11 @@ pub(crate) fn rescale(
     run_u: &mut f32,
     m_new: f32,
     #[comptime] entropy: bool,
+    #[comptime] math: SoftmaxMath,
 ) {
     if m_new > *run_m {
         let dm = *run_m - m_new;
-        let a = f32::exp(dm);
+        let a = exp_s(dm, math);
         if comptime![entropy] {
             *run_u = select(*run_s == 0.0f32, 0.0f32, a * (*run_u + dm * *run_s));
         }
@@ -162,8 +219,9 @@ pub(crate) fn accumulate(
     run_s: &mut f32,
     run_u: &mut f32,
     #[comptime] entropy: bool,
+    #[comptime] math: SoftmaxMath,
 ) {
-    let e = select(z == neg_inf, 0.0f32, f32::exp(z - m));
+    let e = select(z == neg_inf, 0.0f32, exp_s(z - m, math));
     *run_s += e;
     if comptime![entropy] {
         *run_u += select(e == 0.0f32, 0.0f32, e * (z - m));
@@ -182,10 +240,11 @@ pub(crate) fn combine_partials(
     sb: f32,
     ub: f32,
     #[comptime] entropy: bool,
+    #[comptime] math: SoftmaxMath,
 ) -> (f32, f32, f32) {
     let m = select(mb > ma, mb, ma);
-    let fa = f32::exp(ma - m);
-    let fb = f32::exp(mb - m);
+    let fa = exp_s(ma - m, math);
+    let fb = exp_s(mb - m, math);
     let s = select(sa == 0.0f32, 0.0f32, sa * fa) + select(sb == 0.0f32, 0.0f32, sb * fb);
     let mut u = 0.0f32;
     if comptime![entropy] {
@@ -197,8 +256,8 @@ pub(crate) fn combine_partials(
 
 /// `lse = m + ln(s)` and the entropy `H = ln(s) − u / s` of a merged softmax.
 #[cube]
-pub(crate) fn finish_softmax(m: f32, s: f32, u: f32) -> (f32, f32) {
-    let ls = f32::ln(s);
+pub(crate) fn finish_softmax(m: f32, s: f32, u: f32, #[comptime] math: SoftmaxMath) -> (f32, f32) {
+    let ls = ln_s(s, math);
     (m + ls, ls - u / s)
 }
 

@@ -26,6 +26,8 @@ pub use sample::{
 };
 pub use top_k::linear_top_k_forward;
 
+pub(crate) use logits::{SoftmaxMath, exp_s, ln_s};
+
 use crate::error::KernelError;
 use crate::gemm::args::GemmOperands;
 use crate::gemm::cmma::{CmmaChoice, launch_cmma};

@@ -13,7 +13,7 @@ use super::inputs::{
     Checked, LogpInputRefs, check_inputs, check_workspace, linear_logp_num_segments, targets,
     tensor_core_choice, view,
 };
-use super::logits::Targets;
+use super::logits::{SoftmaxMath, Targets};
 use super::noise::{gumbel, row_word};
 use super::tc_forward::{LogitsChunk, LogitsChunkLaunch, tc_forward_partials};
 use super::workspace::{partials_len, tc_forward_scratch_len};
@@ -119,6 +119,7 @@ pub fn linear_sample_forward<R: Runtime>(
             scalars(),
             c.entropy,
             pick,
+            SoftmaxMath::of(client),
             c.it.storage(),
         );
     }
@@ -473,6 +474,7 @@ pub(crate) fn sample_merge_kernel<I: Int>(
     pk: PickScalars,
     #[comptime] entropy: bool,
     #[comptime] pick: PickCfg,
+    #[comptime] math: SoftmaxMath,
     #[define(I)] _dtype: StorageType,
 ) {
     let k = comptime![pick.k];
@@ -480,7 +482,7 @@ pub(crate) fn sample_merge_kernel<I: Int>(
     let n = sc.n_rows as usize;
     let row = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     if row < n {
-        let (lse, ent) = merge_segments(ws, n, row, sc.num_seg as usize, entropy);
+        let (lse, ent) = merge_segments(ws, n, row, sc.num_seg as usize, entropy, math);
         let list = merged_lists(ws, pk.cand_off, n, row, sc.lists as usize, k, pick.unrolled);
         // The token's slot: the best, or with noise over k > 1 kept the Gumbel-max among them.
         let mut best = 0usize;

@@ -9,7 +9,7 @@
 
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar, view};
-use super::logits::{DzInputs, DzInputsLaunch, StatsCfg, dz_value, row_gradients};
+use super::logits::{DzInputs, DzInputsLaunch, SoftmaxMath, StatsCfg, dz_value, row_gradients};
 use super::tc_forward::logits_chunk;
 use super::workspace::TcScratch;
 use crate::consts::{TC_BWD_ROWS, TC_BWD_VOCAB};
@@ -144,6 +144,7 @@ fn launch_mask_hidden<R: Runtime>(
             StatsCfg {
                 has_ignore: c.ignore.is_some(),
                 entropy: c.entropy,
+                math: SoftmaxMath::NATIVE,
             },
             [c.dt.storage(), c.it.storage()],
         );
@@ -190,6 +191,7 @@ fn launch_dz<R: Runtime>(
             StatsCfg {
                 has_ignore: c.ignore.is_some(),
                 entropy: c.entropy,
+                math: SoftmaxMath::NATIVE,
             },
             [c.dt.storage(), c.it.storage()],
         );

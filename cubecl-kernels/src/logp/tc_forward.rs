@@ -5,7 +5,8 @@
 use super::Products;
 use super::inputs::{Checked, LogpInputRefs, ignore_scalar};
 use super::logits::{
-    RowTargets, RowTargetsLaunch, StatsCfg, accumulate, combine_partials, rescale, resolve_target,
+    RowTargets, RowTargetsLaunch, SoftmaxMath, StatsCfg, accumulate, combine_partials, rescale,
+    resolve_target,
 };
 use crate::consts::{
     LOGP_FWD_SEGMENT, LOGP_PARTIAL_STRIDE, SCAN_BATCH, SCAN_LANES, SCAN_ROWS, TC_FWD_ROWS,
@@ -146,6 +147,7 @@ fn launch_scan<R: Runtime>(
             StatsCfg {
                 has_ignore: c.ignore.is_some(),
                 entropy: c.entropy,
+                math: SoftmaxMath::of(client),
             },
             c.it.storage(),
         );
@@ -227,15 +229,17 @@ pub(crate) fn logp_scan_kernel<I: Int>(
                 vals[b] = z;
                 tmax = select(z > tmax, z, tmax);
             }
-            rescale(&mut run_m, &mut run_s, &mut run_u, tmax, entropy);
+            rescale(&mut run_m, &mut run_s, &mut run_u, tmax, entropy, cfg.math);
             #[unroll]
             for b in 0..SCAN_BATCH {
-                accumulate(vals[b], run_m, neg_inf, &mut run_s, &mut run_u, entropy);
+                accumulate(
+                    vals[b], run_m, neg_inf, &mut run_s, &mut run_u, entropy, cfg.math,
+                );
             }
         }
     }
 
-    let (m, s, u) = tree_merge(run_m, run_s, run_u, lane, ry, entropy);
+    let (m, s, u) = tree_merge(run_m, run_s, run_u, lane, ry, entropy, cfg.math);
 
     if row_ok && lane == 0 {
         let row = rs + local_row;
@@ -275,6 +279,7 @@ fn tree_merge(
     lane: usize,
     ry: usize,
     #[comptime] entropy: bool,
+    #[comptime] math: SoftmaxMath,
 ) -> (f32, f32, f32) {
     let mut m_s = SharedMemory::<f32>::new(SCAN_ROWS * SCAN_LANES);
     let mut s_s = SharedMemory::<f32>::new(SCAN_ROWS * SCAN_LANES);
@@ -296,6 +301,7 @@ fn tree_merge(
                 s_s[at + half],
                 u_s[at + half],
                 entropy,
+                math,
             );
             m_s[at] = m;
             s_s[at] = s;
