@@ -43,6 +43,8 @@ use cubecl::prelude::*;
 /// f32; the running sums are rescaled only when the max grows); the segment partials (workspace of
 /// [`linear_logp_forward_workspace_len`] f32) are merged in ascending segment order by a second
 /// kernel: `m' = max(m, m_s)`, `s' = s·exp(m − m') + s_s·exp(m_s − m')`, `lse = m + ln(s)`.
+/// `exp` and `ln` are the runtime's on CUDA and HIP, the portable `exp_p` / `ln_p` elsewhere (a
+/// Vulkan driver's are error bounds that it may fold into the code around them per kernel).
 /// Nothing depends on N or on the device's core count.
 ///
 /// Where [`crate::linear_logp_tensor_cores`] holds (f16/bf16 with the cmma GEMM), the logits come
