@@ -126,7 +126,7 @@ pub fn linear_logp_with_lse<B: InvariantBackend>(
 /// [`LinearLogpOptions::entropy`] is set, the per-row entropy of the tempered softmax, all from
 /// one pass over the vocabulary. Every output is f32 `[N]`, differentiable (into hidden, weight
 /// and bias) and batch-invariant per row; `logp` and `lse` are those of [`linear_logp_with_lse`]
-/// with the same options, bitwise except through Vulkan/SPIR-V (docs/CONTRACT.md).
+/// with the same options, bitwise.
 ///
 /// ```
 /// # use burn::tensor::{Distribution, Int, Tensor};
