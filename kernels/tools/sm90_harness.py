@@ -323,6 +323,13 @@ DB_LOAD, DB_STORE_ACC, DB_STORE = (CONSTANTS[k] for k in (
 MERGE, DZ, DBIAS = (ENTRIES[k] for k in ("ib_logp_merge", "ib_logp_bwd_dz_bf16", "ib_logp_bwd_dbias_bf16"))
 
 
+def pass_grid(entry, N, nseg, pp):
+    """The persistent grid of a forward pass, as src/backends/sm90/logp.rs `forward_pass` computes it."""
+    items = -(-(-(-N // entry.rows)) // entry.cluster) * nseg  # (row-block group, segment) items
+    clusters = -(-items // 2) if pp else items  # a ping-pong cluster holds two items at a time
+    return entry.cluster * min(clusters, NUM_SMS // entry.cluster)
+
+
 def logp_fwd(H, W, targets, bias=None, ignore_index=None, pp=False):
     N, D = H.shape; V = W.shape[0]
     fwd = ENTRIES[f"ib_logp_fwd_pp_{sfx(H.dtype)}" if pp else f"ib_logp_fwd_{sfx(H.dtype)}"]
@@ -332,11 +339,9 @@ def logp_fwd(H, W, targets, bias=None, ignore_index=None, pp=False):
     flags = (LOGP_HAS_BIAS if bias is not None else 0) | (LOGP_HAS_IGNORE if ignore_index is not None else 0)
     maps = [tmap(H, N, D, D), tmap(W, V, D, D)]
     p = struct.pack("<IIIIqfI", N, V, D, flags, ignore_index or 0, 1.0, 0)  # temperature 1
-    items = -(-(-(-N // fwd.rows)) // fwd.cluster) * nseg  # (row-block pair, segment) items
-    clusters = -(-items // 2) if pp else items  # a ping-pong cluster holds two items at a time
     # wu and ent (the entropy entries' buffers) are not read without LOGP_ENTROPY: any buffer
     bufs = [H, W, H, W, bias, targets, logp, lse, ws, ws, ws]
-    launch(fwd.name, fwd.cluster * min(clusters, NUM_SMS // fwd.cluster), maps, bufs, p)
+    launch(fwd.name, pass_grid(fwd, N, nseg, pp), maps, bufs, p)
     launch("ib_logp_merge", -(-N // MERGE.rows), [], [targets, logp, lse, ws, ws, ws], p)
     return logp, lse
 
@@ -1129,9 +1134,7 @@ def sample_pass(H, W, keys, noise, pp=False, seed=1):
     out = [torch.empty((N,), device="cuda") for _ in range(3)]  # logp, lse, token
     ws = torch.empty((nseg * N * 2,), device="cuda"); cand = torch.empty((nseg * N * 4,), device="cuda")
     p = struct.pack("<IIIIqfIIIII", N, V, D, 0, 0, 1.0, 0, seed & 0xFFFFFFFF, seed >> 32, int(noise), 0)
-    items = -(-(-(-N // sp.rows)) // sp.cluster) * nseg
-    clusters = -(-items // 2) if pp else items
-    launch(sp.name, sp.cluster * min(clusters, NUM_SMS // sp.cluster), [tmap(H, N, D, D), tmap(W, V, D, D)],
+    launch(sp.name, pass_grid(sp, N, nseg, pp), [tmap(H, N, D, D), tmap(W, V, D, D)],
            [H, W, H, W, H, keys, ws, ws, cand], p)  # the maps' buffers, then the entry's
     launch(merge.name, -(-N // merge.rows), [], [out[0], out[1], ws, ws, ws, cand, out[2]], p)
     return out

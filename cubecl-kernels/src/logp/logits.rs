@@ -43,9 +43,10 @@ pub(crate) struct StatsCfg {
 
 /// Where the softmax kernels take `exp` and `ln` from: the runtime's own where they are fixed
 /// functions of their argument (CUDA, HIP), else the crate's portable `exp_p` / `ln_p` (chains of
-/// `fma`). A Vulkan driver may fold `exp(z − m)` into the arithmetic around it (its `exp` has an
-/// error bound, not a definition), and did so differently in two of these kernels on NVIDIA's
-/// driver: a row's `lse` with and without the entropy one place apart.
+/// `fma`). A Vulkan driver's `exp` is an error bound, not a definition, and the driver may fold
+/// `exp(z − m)` into the arithmetic around it differently per kernel, so the kernels with and
+/// without the entropy would give a row's `lse` different bits (NVIDIA's driver does:
+/// `benches/results/attention-h100.md`).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct SoftmaxMath {
     pub portable: bool,
