@@ -552,14 +552,18 @@ pub(crate) struct OnePassOutputs<F: Float, N: Size> {
 }
 
 /// The one-pass backward's compile-time configuration: the vector width `w`, `rounds` (a power
-/// of two, at least `ceil(D / 256)`: the vectors of a row each unit holds), `fma` emulated, and
-/// the plane size of the lane tree's shuffles (0: the tree in shared memory; see [`lane_tree`]).
+/// of two, at least `ceil(D / 256)`: the vectors of a row each unit holds), `fma` emulated, the
+/// plane size of the lane tree's shuffles (0: the tree in shared memory; see [`lane_tree`]),
+/// and `exact`: `D = 256·rounds` with unit-stride rows (`w > 1`), so that every round is whole
+/// and a unit's vectors sit at fixed offsets from one base per row and tensor (no clamps, no
+/// selects; the same operations on the same values).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct OnePassCfg {
     pub w: usize,
     pub rounds: usize,
     pub emulate_fma: bool,
     pub plane: usize,
+    pub exact: bool,
 }
 
 /// The one pass's `(Σ x², Σ g·x)` of the row held in `xv`, `dv` (`g = dy·gamma`; unit `u` holds
@@ -574,12 +578,15 @@ fn held_row_sums<F: Float, N: Size>(
     d: usize,
     #[comptime] cfg: OnePassCfg,
 ) -> (f32, f32) {
-    let (w, rounds, emulate_fma) = (
+    let (w, rounds, emulate_fma, exact) = (
         comptime![cfg.w],
         comptime![cfg.rounds],
         comptime![cfg.emulate_fma],
+        comptime![cfg.exact],
     );
+    let step = comptime!(RMS_NORM_LANES / w);
     let (gb, gs) = (ins.g_off as usize, ins.g_stride as usize);
+    let gv = gb / w + u;
     let last = d - w;
     let mut ss_l = Array::<f32>::new(w);
     let mut dot_l = Array::<f32>::new(w);
@@ -591,7 +598,17 @@ fn held_row_sums<F: Float, N: Size>(
     #[unroll]
     for k in 0..rounds {
         let e = k * RMS_NORM_LANES + w * u;
-        if k * RMS_NORM_LANES < d {
+        if comptime![exact] {
+            let gk = ins.gamma[gv + k * step];
+            let (xk, dk) = (xv[k], dv[k]);
+            #[unroll]
+            for j in 0..w {
+                let xe = f32::cast_from(xk[j]);
+                let g = f32::cast_from(dk[j]) * f32::cast_from(gk[j]);
+                ss_l[j] = fma_f32(xe, xe, ss_l[j], emulate_fma);
+                dot_l[j] = fma_f32(g, xe, dot_l[j], emulate_fma);
+            }
+        } else if k * RMS_NORM_LANES < d {
             let gk = ins.gamma[(gb + min(e, last) * gs) / w];
             let (xk, dk) = (xv[k], dv[k]);
             #[unroll]
@@ -621,11 +638,13 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
     #[comptime] cfg: OnePassCfg,
     #[define(F)] _dtype: StorageType,
 ) {
-    let (w, rounds, emulate_fma) = (
+    let (w, rounds, emulate_fma, exact) = (
         comptime![cfg.w],
         comptime![cfg.rounds],
         comptime![cfg.emulate_fma],
+        comptime![cfg.exact],
     );
+    let step = comptime!(RMS_NORM_LANES / w);
     let (u, _) = row_geometry();
     let d = sz.d as usize;
     let last = d - w;
@@ -650,9 +669,13 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
         let xb = ins.xo.offset as usize + row * ins.xo.s0 as usize;
         let db = ins.dyo.offset as usize + row * ins.dyo.s0 as usize;
         // Rounds past the row (the power-of-two padding of `rounds`) load nothing.
+        let (xr, dr) = (xb / w + u, db / w + u);
         #[unroll]
         for k in 0..rounds {
-            if k * RMS_NORM_LANES < d {
+            if comptime![exact] {
+                xv[k] = ins.x[xr + k * step];
+                dv[k] = ins.dy[dr + k * step];
+            } else if k * RMS_NORM_LANES < d {
                 let e = min(k * RMS_NORM_LANES + w * u, last);
                 xv[k] = ins.x[(xb + e * xs) / w];
                 dv[k] = ins.dy[(db + e * ds) / w];
@@ -662,13 +685,19 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
         let r = inv_rms(ss, sz.d_f, sz.eps, emulate_fma);
         let c = div_rn(((r * r) * r) * dot, sz.d_f, emulate_fma);
         let ob = outs.dxo.offset as usize + row * outs.dxo.s0 as usize;
+        let (orow, grow) = (ob / w + u, gb / w + u);
         #[unroll]
         for k in 0..rounds {
             let e = k * RMS_NORM_LANES + w * u;
-            if e < d {
+            if comptime![exact] || e < d {
                 let (xk, dk) = (xv[k], dv[k]);
-                let gk = ins.gamma[(gb + e * gs) / w];
-                outs.dx[(ob + e * os) / w] = dx_vector::<F, N>(xk, dk, gk, r, c, w, emulate_fma);
+                let (gi, oi) = if comptime![exact] {
+                    (grow + k * step, orow + k * step)
+                } else {
+                    ((gb + e * gs) / w, (ob + e * os) / w)
+                };
+                let gk = ins.gamma[gi];
+                outs.dx[oi] = dx_vector::<F, N>(xk, dk, gk, r, c, w, emulate_fma);
                 #[unroll]
                 for j in 0..w {
                     let de = f32::cast_from(dk[j]);
@@ -683,7 +712,7 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
     #[unroll]
     for k in 0..rounds {
         let e = k * RMS_NORM_LANES + w * u;
-        if e < d {
+        if comptime![exact] || e < d {
             #[unroll]
             for j in 0..w {
                 outs.ws[pb + e + j] = part[k * w + j];

@@ -12,7 +12,9 @@
 //! * backward, one pass (rows of up to [`RMS_NORM_ONE_PASS_WORDS`] words per unit): one cube
 //!   per block of [`RMS_NORM_ROW_BLOCK`] rows walks them in ascending order, each row in
 //!   registers (the forward's lanes), writing `dx` and folding the `dGamma` block partials in
-//!   registers; `x` and `dy` are read once. Then one unit per column adds the block partials in
+//!   registers; `x` and `dy` are read once. A row of whole rounds of unit-stride vectors
+//!   (`D = 256·rounds`) is addressed at fixed offsets from one base per row and tensor, with
+//!   narrower vectors (more warps per SM). Then one unit per column adds the block partials in
 //!   ascending order and rounds once.
 //! * backward, two passes (longer rows; the same bits): (1) `dx` and the per-row `r` (into the
 //!   workspace), the forward's shape with both sums; (2) the `dGamma` block partials, one cube
@@ -24,8 +26,8 @@ mod kernels;
 pub use crate::consts::{RMS_NORM_LANES, RMS_NORM_ROW_BLOCK};
 
 use crate::consts::{
-    RMS_NORM_BATCH, RMS_NORM_BWD_BATCH, RMS_NORM_DGAMMA_WIDTH, RMS_NORM_ONE_PASS_WORDS,
-    RMS_NORM_ROW_BATCH, RMS_NORM_VECTOR_BYTES,
+    RMS_NORM_BATCH, RMS_NORM_BWD_BATCH, RMS_NORM_DGAMMA_WIDTH, RMS_NORM_EXACT_WORDS,
+    RMS_NORM_ONE_PASS_WORDS, RMS_NORM_ROW_BATCH, RMS_NORM_VECTOR_BYTES,
 };
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};
@@ -46,14 +48,16 @@ use kernels::{
 thread_local! {
     static REJECTED_LAUNCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static TWO_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static GENERAL_ONE_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static ROW_KERNELS: std::cell::Cell<(usize, bool)> =
         const { std::cell::Cell::new((usize::MAX, true)) };
 }
 
-/// Perf hook: runs `f` with this thread's one-pass backward loading vectors of at most `width`
-/// elements (rounded down to a power of two) and, with `plane` false, every row kernel's lane
-/// tree in shared memory rather than through plane shuffles (the same bits in every case), so
-/// that a benchmark can compare them in one process. Other threads are unaffected; the previous
+/// Perf hook: runs `f` with this thread's one-pass backward loading vectors of `width` elements
+/// (rounded down to a power of two; narrower only where the tensors or the registers require it)
+/// and, with `plane` false, every row kernel's lane tree in shared memory rather than through
+/// plane shuffles (the same bits in every case), so that a benchmark can compare them in one
+/// process. Other threads are unaffected; the previous
 /// setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_row_kernels<T>(width: usize, plane: bool, f: impl FnOnce() -> T) -> T {
@@ -67,6 +71,15 @@ pub fn with_row_kernels<T>(width: usize, plane: bool, f: impl FnOnce() -> T) -> 
 #[doc(hidden)]
 pub fn with_two_pass_backward<T>(f: impl FnOnce() -> T) -> T {
     crate::util::with_thread_flag(&TWO_PASS, f)
+}
+
+/// Test and perf hook: runs `f` with this thread's one-pass backward taking its general row
+/// addressing (clamped loads, selected terms) even where a row is whole rounds of unit-stride
+/// vectors, so that tests and benchmarks can compare the two (the same bits). Other threads are
+/// unaffected; the previous setting is restored when `f` returns or unwinds.
+#[doc(hidden)]
+pub fn with_general_one_pass<T>(f: impl FnOnce() -> T) -> T {
+    crate::util::with_thread_flag(&GENERAL_ONE_PASS, f)
 }
 
 /// Test hook: runs `f` with this thread's [`rms_norm_forward`] launching, in place of its own
@@ -316,7 +329,13 @@ pub fn rms_norm_backward<R: Runtime>(
         return bwd.zero_grad_gamma();
     }
     let widest = ROW_KERNELS.with(std::cell::Cell::get).0;
-    match one_pass_cfg(d, es, w.min(widest), bwd.emulate(), tree_plane(client)) {
+    let cfg = one_pass_cfg(d, es, w.min(widest), bwd.emulate(), tree_plane(client));
+    // A width set through `with_row_kernels` is kept where the registers allow it.
+    let cfg = cfg.map(|c| match widest {
+        usize::MAX => c.narrowed(es),
+        _ => c,
+    });
+    match cfg {
         Some(cfg) if !TWO_PASS.with(std::cell::Cell::get) => bwd.launch_one_pass(cfg)?,
         _ => {
             bwd.launch_dx()?;
@@ -329,8 +348,10 @@ pub fn rms_norm_backward<R: Runtime>(
 /// The one-pass kernel's configuration for rows of `d` elements of `es` bytes, where a row fits
 /// its units' registers: the widest vector `w' ≤ w` whose words per unit (the partials in f32
 /// plus the row's `x` and `dy`) stay within [`RMS_NORM_ONE_PASS_WORDS`]. Wide vectors keep the
-/// instructions per element low (scalar loads, 256 units per cube, ran 1.6× slower on an H200).
-/// `plane`: see [`tree_plane`]. Only which kernels run depends on it, never the bits.
+/// instructions per element low (scalar loads, 256 units per cube, ran 1.6× slower on an H200)
+/// where the addressing is general; a row of whole rounds of unit-stride vectors takes fixed
+/// offsets (`exact`; see [`OnePassCfg::narrowed`] for its width). `plane`: see [`tree_plane`].
+/// Only which kernels run depends on it, never the bits.
 fn one_pass_cfg(
     d: usize,
     es: usize,
@@ -339,17 +360,41 @@ fn one_pass_cfg(
     plane: usize,
 ) -> Option<OnePassCfg> {
     let rounds = d.div_ceil(RMS_NORM_LANES).next_power_of_two();
-    let words = |w: usize| rounds * w + 2 * rounds * (w * es).div_ceil(4);
     let mut w = w;
-    while w > 1 && words(w) > RMS_NORM_ONE_PASS_WORDS {
+    while w > 1 && one_pass_words(rounds, w, es) > RMS_NORM_ONE_PASS_WORDS {
         w /= 2;
     }
-    (words(w) <= RMS_NORM_ONE_PASS_WORDS).then_some(OnePassCfg {
+    // Vectors wider than one element imply unit strides (`vector_width`).
+    let exact =
+        w > 1 && d == rounds * RMS_NORM_LANES && !GENERAL_ONE_PASS.with(std::cell::Cell::get);
+    (one_pass_words(rounds, w, es) <= RMS_NORM_ONE_PASS_WORDS).then_some(OnePassCfg {
         w,
         rounds,
         emulate_fma,
         plane,
+        exact,
     })
+}
+
+/// 32-bit words a unit of the one pass holds: its `dGamma` partials in f32 plus the row's `x` and
+/// `dy` in `es`-byte elements.
+fn one_pass_words(rounds: usize, w: usize, es: usize) -> usize {
+    rounds * w + 2 * rounds * (w * es).div_ceil(4)
+}
+
+impl OnePassCfg {
+    /// With fixed offsets, the vector narrows (not below 2 elements) until a unit holds at most
+    /// [`RMS_NORM_EXACT_WORDS`]: each round's address is a constant there, so narrower vectors
+    /// cost no instructions per element and leave registers for more warps per SM.
+    fn narrowed(mut self, es: usize) -> Self {
+        while self.exact
+            && self.w > 2
+            && one_pass_words(self.rounds, self.w, es) > RMS_NORM_EXACT_WORDS
+        {
+            self.w /= 2;
+        }
+        self
+    }
 }
 
 /// The plane size of the row kernels' lane-tree shuffles: the device's, where the runtime is
@@ -618,5 +663,17 @@ mod tests {
         assert_eq!(cfg(37, 4, 1), Some((1, 1)));
         assert_eq!(cfg(16384, 2, 4), None);
         assert_eq!(cfg(8448, 4, 2), None);
+        // Whole rounds of vectors take fixed offsets, and narrower vectors there.
+        let narrowed = |d, es, w| one_pass_cfg(d, es, w, false, 32).map(|c| c.narrowed(es).w);
+        assert_eq!(narrowed(4096, 2, 4), Some(2));
+        assert_eq!(narrowed(2048, 2, 4), Some(4));
+        assert_eq!(narrowed(5120, 2, 4), Some(2));
+        assert_eq!(narrowed(4096, 4, 2), Some(2));
+        let exact = |d, es, w| one_pass_cfg(d, es, w, false, 32).map(|c| c.exact);
+        assert_eq!(exact(4096, 2, 4), Some(true));
+        assert_eq!(exact(8192, 2, 4), Some(true));
+        assert_eq!(exact(5120, 2, 4), Some(false));
+        assert_eq!(exact(4100, 2, 4), Some(false));
+        assert_eq!(exact(256, 2, 1), Some(false));
     }
 }

@@ -801,14 +801,16 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     // stops at 2); the one-pass backward narrows it where its row would not fit its registers.
     // The two-pass kernels run at the small D (forced), the one pass at every rounds bucket
     // (`ceil(D / 256)` up to a power of two, D = 256·(rounds − 1) + 9 / 10 / 12 for w = 1 / 2 / 4,
-    // narrowed where a row would not fit the unit's registers).
+    // narrowed where a row would not fit the unit's registers), and its fixed-offset variant at
+    // whole rounds (D = 256·rounds).
 
     fn rms_norm(&mut self) {
         for dt in self.floats.clone() {
             let es = dt.size();
             let one_pass = [1usize, 2, 4, 8, 16, 32]
                 .into_iter()
-                .flat_map(|r| [9usize, 10, 12].map(|e| (5usize, 256 * (r - 1) + e)));
+                .flat_map(|r| [9usize, 10, 12].map(|e| (5usize, 256 * (r - 1) + e)))
+                .chain([1usize, 2, 4, 8, 16, 32].map(|r| (5, 256 * r)));
             let shapes = [(5, 37), (5, 150), (5, 152), (0, 150)].into_iter();
             for (n, d) in shapes.chain(one_pass) {
                 let x = self.dense(&[n, d], es);
