@@ -32,10 +32,12 @@
 //! cubecl's in-use and reserved bytes and `nvidia-smi`'s figure around one forward + backward
 //! under `Autodiff<Fusion<..>>` (`MEMORY` lines).
 //!
-//! `cargo bench --features cuda --bench attention_report [prefill|decode|rms|burn|memory[,..]]`
-//! (default: all of them; `burn` runs Burn's cases only). Timing: the first call (compilation
-//! included) decides: over 10 s the case is skipped with a `SKIP` line; then at least 200 ms of
-//! warm-up, then the median over 3–7 repetitions of a device-synced batch of calls.
+//! `cargo bench --features cuda --bench attention_report [prefill|decode|rms|burn|memory|wgpu[,..]]`
+//! (default: all of them but `wgpu`, which needs a build with `wgpu` or `vulkan` and runs only
+//! when named: the CubeCl kernels through wgpu, f16, `impl=CubeClWgpu*`). Timing: the first
+//! call (compilation included) decides: over 10 s the case is skipped with a `SKIP` line; then
+//! at least 200 ms of warm-up, then the median over 3–7 repetitions of a device-synced batch of
+//! calls.
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
@@ -211,6 +213,67 @@ fn attn_flops(rows_heads: usize, pairs: f64, d: usize) -> f64 {
     4.0 * rows_heads as f64 * pairs * d as f64
 }
 
+/// One causal forward through the public `attention` with every key valid.
+fn public_attention<Bk: InvariantBackend>(q: &Tensor<Bk, 4>, k: &Tensor<Bk, 4>, v: &Tensor<Bk, 4>) {
+    let opts = AttentionOptions::default();
+    let _ =
+        burn_invariant::attention(q.clone(), k.clone(), v.clone(), None, &opts).expect("attention");
+}
+
+/// The attention primitives' inputs over `q`, `k`, `v` with `kv_lens`, causal, scale `1/√Dh`.
+fn attention_inputs<Bk: Backend>(
+    (q, k, v): (&Tensor<Bk, 4>, &Tensor<Bk, 4>, &Tensor<Bk, 4>),
+    kv_lens: &Tensor<Bk, 1, Int>,
+) -> AttentionInputs<Bk> {
+    let d = q.dims()[3];
+    AttentionInputs::<Bk> {
+        query: q.clone().into_primitive().tensor(),
+        key: k.clone().into_primitive().tensor(),
+        value: v.clone().into_primitive().tensor(),
+        kv_lens: kv_lens.clone().into_primitive(),
+        causal: true,
+        scale: 1.0 / (d as f32).sqrt(),
+    }
+}
+
+/// One forward + backward through the attention primitives of `imp`, upstream gradient `grad`.
+fn attention_fwd_bwd_prim<Bk: InvariantBackend>(
+    inputs: impl Fn() -> AttentionInputs<Bk>,
+    grad: &Tensor<Bk, 4>,
+    imp: Implementation,
+) {
+    let saved = Bk::invariant_attention(inputs(), imp);
+    let _ = Bk::invariant_attention_backward(
+        inputs(),
+        saved,
+        grad.clone().into_primitive().tensor(),
+        imp,
+    );
+}
+
+/// The RMSNorm primitives' inputs.
+fn rms_inputs<Bk: Backend>(x: &Tensor<Bk, 2>, gamma: &Tensor<Bk, 1>) -> RmsNormInputs<Bk> {
+    RmsNormInputs::<Bk> {
+        x: x.clone().into_primitive().tensor(),
+        gamma: gamma.clone().into_primitive().tensor(),
+        eps: RMS_EPS as f32,
+    }
+}
+
+/// One forward + backward through the RMSNorm primitives of `imp`, upstream gradient `dy`.
+fn rms_fwd_bwd_prim<Bk: InvariantBackend>(
+    (x, gamma): (&Tensor<Bk, 2>, &Tensor<Bk, 1>),
+    dy: &Tensor<Bk, 2>,
+    imp: Implementation,
+) {
+    let _ = Bk::invariant_rms_norm(rms_inputs(x, gamma), imp);
+    let _ = Bk::invariant_rms_norm_backward(
+        rms_inputs(x, gamma),
+        dy.clone().into_primitive().tensor(),
+        imp,
+    );
+}
+
 fn prefill_shape(s: usize) -> String {
     let (b, h, kh, d) = prefill_dims();
     format!("dtype=bf16 b={b} h={h} kh={kh} q={s} kv={s} d={d}")
@@ -220,6 +283,23 @@ fn decode_shape(ragged: bool) -> String {
     let (b, h, kh, kv, d) = DECODE;
     let lens = if ragged { "ragged" } else { "full" };
     format!("dtype=bf16 b={b} h={h} kh={kh} q=1 kv={kv} d={d} lens={lens}")
+}
+
+/// The decode case's lengths, visible keys and op name: ragged, or every key valid.
+fn decode_case(ragged: bool) -> (Vec<i64>, usize, &'static str) {
+    let (b, _, _, kv, _) = DECODE;
+    let lens = if ragged {
+        ragged_lens(b, kv)
+    } else {
+        vec![kv as i64; b]
+    };
+    let visible = lens.iter().map(|&l| l as usize).sum();
+    let op = if ragged {
+        "attn_decode_ragged"
+    } else {
+        "attn_decode_full"
+    };
+    (lens, visible, op)
 }
 
 /// Ideal decode bytes: each visible key and value read once per KV head, queries read and
@@ -250,21 +330,10 @@ fn prefill_cases(device: &cubecl::cuda::CudaDevice) {
                 &shape,
                 flops,
                 0.0,
-                || {
-                    let _ = burn_invariant::attention(q.clone(), k.clone(), v.clone(), None, &opts)
-                        .expect("attention");
-                },
+                || public_attention(&q, &k, &v),
             );
             let imp = chosen::<Raw>(Op::Attention, device);
             let lens = int_tensor::<Raw>(vec![s as i64; b], device);
-            let inputs = || AttentionInputs::<Raw> {
-                query: q.clone().into_primitive().tensor(),
-                key: k.clone().into_primitive().tensor(),
-                value: v.clone().into_primitive().tensor(),
-                kv_lens: lens.clone().into_primitive(),
-                causal: true,
-                scale: 1.0 / (d as f32).sqrt(),
-            };
             let grad = random::<Raw, 4>([b, h, s, d], device);
             case::<Raw>(
                 device,
@@ -273,15 +342,7 @@ fn prefill_cases(device: &cubecl::cuda::CudaDevice) {
                 &shape,
                 3.5 * flops,
                 0.0,
-                || {
-                    let saved = Raw::invariant_attention(inputs(), imp);
-                    let _ = Raw::invariant_attention_backward(
-                        inputs(),
-                        saved,
-                        grad.clone().into_primitive().tensor(),
-                        imp,
-                    );
-                },
+                || attention_fwd_bwd_prim(|| attention_inputs((&q, &k, &v), &lens), &grad, imp),
             );
         }
         let q = random::<User, 4>([b, h, s, d], device);
@@ -295,10 +356,7 @@ fn prefill_cases(device: &cubecl::cuda::CudaDevice) {
             &shape,
             flops,
             0.0,
-            || {
-                let _ = burn_invariant::attention(q.clone(), k.clone(), v.clone(), None, &opts)
-                    .expect("attention");
-            },
+            || public_attention(&q, &k, &v),
         );
         let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
         case::<User>(
@@ -346,19 +404,9 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
         random::<User, 4>([b, kh, kv, d], device),
     );
     for ragged in [false, true] {
-        let lens = if ragged {
-            ragged_lens(b, kv)
-        } else {
-            vec![kv as i64; b]
-        };
-        let visible: usize = lens.iter().map(|&l| l as usize).sum();
+        let (lens, visible, op) = decode_case(ragged);
         let flops = 4.0 * h as f64 * visible as f64 * d as f64;
         let bytes = decode_bytes(visible);
-        let op = if ragged {
-            "attn_decode_ragged"
-        } else {
-            "attn_decode_full"
-        };
         let shape = decode_shape(ragged);
         // Every key valid: `kv_lens = None` (no host read); ragged: the lengths, which the
         // public call reads on the host.
@@ -419,15 +467,7 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
             flops,
             bytes,
             || {
-                let inputs = AttentionInputs::<Raw> {
-                    query: q.clone().into_primitive().tensor(),
-                    key: k.clone().into_primitive().tensor(),
-                    value: v.clone().into_primitive().tensor(),
-                    kv_lens: prim_lens.clone().into_primitive(),
-                    causal: true,
-                    scale: 1.0 / (d as f32).sqrt(),
-                };
-                let _ = Raw::invariant_attention(inputs, imp);
+                let _ = Raw::invariant_attention(attention_inputs((&q, &k, &v), &prim_lens), imp);
             },
         );
     }
@@ -439,7 +479,6 @@ fn decode_cases(device: &cubecl::cuda::CudaDevice) {
 #[cfg(feature = "cuda")]
 fn long_decode_cases(device: &cubecl::cuda::CudaDevice) {
     let (_, h, kh, _, d) = DECODE;
-    let opts = AttentionOptions::default();
     for b in LONG_DECODE_ROWS {
         for kv in LONG_DECODE_KEYS {
             fresh_pool(device);
@@ -449,10 +488,7 @@ fn long_decode_cases(device: &cubecl::cuda::CudaDevice) {
             let shape = format!("dtype=bf16 b={b} h={h} kh={kh} q=1 kv={kv} d={d}");
             let flops = 4.0 * (b * h * kv * d) as f64;
             let bytes = (2 * b * kh * kv * d * 2 + 2 * b * h * d * 2) as f64;
-            let call = || {
-                let _ = burn_invariant::attention(q.clone(), k.clone(), v.clone(), None, &opts)
-                    .expect("attention");
-            };
+            let call = || public_attention(&q, &k, &v);
             case::<Raw>(
                 device,
                 "attn_decode_long",
@@ -502,11 +538,6 @@ fn rms_cases(device: &cubecl::cuda::CudaDevice) {
             },
         );
         let imp = chosen::<Raw>(Op::RmsNorm, device);
-        let inputs = || RmsNormInputs::<Raw> {
-            x: x.clone().into_primitive().tensor(),
-            gamma: gamma.clone().into_primitive().tensor(),
-            eps: RMS_EPS as f32,
-        };
         case::<Raw>(
             device,
             "rms_norm_fwd",
@@ -515,7 +546,7 @@ fn rms_cases(device: &cubecl::cuda::CudaDevice) {
             0.0,
             rms_bytes(false),
             || {
-                let _ = Raw::invariant_rms_norm(inputs(), imp);
+                let _ = Raw::invariant_rms_norm(rms_inputs(&x, &gamma), imp);
             },
         );
         let dy = random::<Raw, 2>([n, d], device);
@@ -526,14 +557,7 @@ fn rms_cases(device: &cubecl::cuda::CudaDevice) {
             &shape,
             0.0,
             rms_bytes(true),
-            || {
-                let _ = Raw::invariant_rms_norm(inputs(), imp);
-                let _ = Raw::invariant_rms_norm_backward(
-                    inputs(),
-                    dy.clone().into_primitive().tensor(),
-                    imp,
-                );
-            },
+            || rms_fwd_bwd_prim((&x, &gamma), &dy, imp),
         );
     }
     let x = random::<User, 2>([n, d], device);
@@ -924,7 +948,8 @@ fn memory_cases(device: &cubecl::cuda::CudaDevice) {
 /// The attention and RMSNorm report (an NVIDIA GPU; `cargo bench` passes `--bench`).
 #[derive(clap::Parser)]
 struct Args {
-    /// Parts, comma-separated: prefill, decode, long, rms, memory, burn (default: all).
+    /// Parts, comma-separated: prefill, decode, long, rms, memory, burn, wgpu (default: all but
+    /// wgpu).
     #[arg(value_delimiter = ',')]
     parts: Vec<String>,
     #[arg(long, hide = true)]
@@ -962,6 +987,10 @@ fn main() {
         if has("memory") {
             memory_cases(&device);
         }
+        #[cfg(feature = "wgpu")]
+        if args.parts.iter().any(|p| p == "wgpu") {
+            wgpu_cases();
+        }
         // Last: Burn's scores are large, and an out-of-memory panic may leave the device's
         // allocator in a state later cases would inherit.
         if has("burn") {
@@ -970,6 +999,109 @@ fn main() {
     }
     #[cfg(not(feature = "cuda"))]
     println!("NOTICE: build with --features cuda for the attention report");
+}
+
+/// The CubeCl kernels through wgpu (`wgpu`, only when named; Vulkan, with CubeCL's SPIR-V and
+/// cooperative matrices where built with `vulkan`): f16, the dtype Vulkan's cooperative
+/// matrices take. Prefill forward (public call) and forward + backward (primitives) at the
+/// prefill shapes, decode full and ragged (primitives) at the decode shape, RMSNorm forward
+/// (public call) and forward + backward (primitives); `impl=CubeClWgpu`, beside the CUDA rows
+/// of the same shapes (bf16 there).
+#[cfg(feature = "wgpu")]
+fn wgpu_cases() {
+    type W = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>;
+    let device = cubecl::wgpu::WgpuDevice::DefaultDevice;
+    let imp = Implementation::CubeCl;
+    let name = "CubeClWgpu";
+    let rand = |shape: &[usize]| -> Tensor<W, 4> {
+        let shape: [usize; 4] = shape.try_into().expect("four dims");
+        Tensor::<W, 4>::random(shape, Distribution::Uniform(-1.0, 1.0), &device).cast(DType::F16)
+    };
+    let f16 = |shape: String| shape.replacen("dtype=bf16", "dtype=f16", 1);
+    let (b, h, kh, d) = prefill_dims();
+    for s in PREFILL_SEQS {
+        let shape = f16(prefill_shape(s));
+        let flops = attn_flops(b * h, causal_pairs(s), d);
+        let (q, k, v) = (
+            rand(&[b, h, s, d]),
+            rand(&[b, kh, s, d]),
+            rand(&[b, kh, s, d]),
+        );
+        case::<W>(
+            &device,
+            "attn_prefill_fwd",
+            name,
+            &shape,
+            flops,
+            0.0,
+            || public_attention(&q, &k, &v),
+        );
+        let lens = int_tensor::<W>(vec![s as i64; b], &device);
+        let grad = rand(&[b, h, s, d]);
+        let prim = format!("{name}Prim");
+        case::<W>(
+            &device,
+            "attn_prefill_fwd_bwd",
+            &prim,
+            &shape,
+            3.5 * flops,
+            0.0,
+            || attention_fwd_bwd_prim(|| attention_inputs((&q, &k, &v), &lens), &grad, imp),
+        );
+    }
+    let (b, h, kh, kv, d) = DECODE;
+    let (q, k, v) = (
+        rand(&[b, h, 1, d]),
+        rand(&[b, kh, kv, d]),
+        rand(&[b, kh, kv, d]),
+    );
+    for ragged in [false, true] {
+        let (lens, visible, op) = decode_case(ragged);
+        let shape = f16(decode_shape(ragged));
+        let lens = int_tensor::<W>(lens, &device);
+        let flops = 4.0 * h as f64 * visible as f64 * d as f64;
+        let prim = format!("{name}Prim");
+        case::<W>(
+            &device,
+            op,
+            &prim,
+            &shape,
+            flops,
+            decode_bytes(visible),
+            || {
+                let _ = W::invariant_attention(attention_inputs((&q, &k, &v), &lens), imp);
+            },
+        );
+    }
+    let (n, d) = RMS;
+    let shape = f16(rms_shape());
+    let x =
+        Tensor::<W, 2>::random([n, d], Distribution::Uniform(-1.0, 1.0), &device).cast(DType::F16);
+    let gamma =
+        Tensor::<W, 1>::random([d], Distribution::Uniform(-1.0, 1.0), &device).cast(DType::F16);
+    case::<W>(
+        &device,
+        "rms_norm_fwd",
+        name,
+        &shape,
+        0.0,
+        rms_bytes(false),
+        || {
+            let _ = burn_invariant::rms_norm(x.clone(), gamma.clone(), RMS_EPS).expect("rms_norm");
+        },
+    );
+    let dy =
+        Tensor::<W, 2>::random([n, d], Distribution::Uniform(-1.0, 1.0), &device).cast(DType::F16);
+    let prim = format!("{name}Prim");
+    case::<W>(
+        &device,
+        "rms_norm_fwd_bwd",
+        &prim,
+        &shape,
+        0.0,
+        rms_bytes(true),
+        || rms_fwd_bwd_prim((&x, &gamma), &dy, imp),
+    );
 }
 
 /// What the registry runs for `op` on `device` in bf16 (what the public call would run).
