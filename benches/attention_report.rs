@@ -1,5 +1,5 @@
-//! Attention and RMSNorm report on CUDA, bf16: one machine-readable `RESULT` line per case, to be
-//! set beside PyTorch (`benches/sdpa_reference.py`, same shapes; `benches/attention_compare.py`
+//! Attention and RMSNorm report on CUDA, bf16 (and, with `wgpu`, through wgpu, f16): one
+//! machine-readable `RESULT` line per case, to be set beside PyTorch (`benches/sdpa_reference.py`, same shapes; `benches/attention_compare.py`
 //! joins the two logs).
 //!
 //! Implementations (`impl=`):
@@ -33,8 +33,10 @@
 //! under `Autodiff<Fusion<..>>` (`MEMORY` lines).
 //!
 //! `cargo bench --features cuda --bench attention_report [prefill|decode|rms|burn|memory|wgpu[,..]]`
-//! (default: all of them but `wgpu`, which needs a build with `wgpu` or `vulkan` and runs only
-//! when named: the CubeCl kernels through wgpu, f16, `impl=CubeClWgpu*`). Timing: the first
+//! (default: all of them but `wgpu`, which needs a build with `wgpu` or `vulkan` beside `cuda`,
+//! runs on the NVIDIA GPU's wgpu adapter, only when named: the CubeCl kernels through wgpu, f16,
+//! `impl=CubeClWgpu` for the public calls and `CubeClWgpuPrim` for the primitives; run it without
+//! `BURN_INVARIANT_IMPL`). Timing: the first
 //! call (compilation included) decides: over 10 s the case is skipped with a `SKIP` line; then
 //! at least 200 ms of warm-up, then the median over 3–7 repetitions of a device-synced batch of
 //! calls.

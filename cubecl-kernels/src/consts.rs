@@ -221,8 +221,8 @@ pub const RMS_NORM_BWD_BATCH: usize = 8;
 pub const RMS_NORM_ONE_PASS_WORDS: usize = 128;
 /// `rms_norm` backward, one pass over whole rounds at fixed offsets: the vector narrows (not
 /// below 2 elements) until a unit holds at most this many words, since fewer registers keep more
-/// warps on an SM and fixed offsets cost no instructions per element (on an H200 at `[16384,
-/// 4096]` bf16, vectors of 2 ran 154–158 µs, of 4 164–169 µs). Changes no bit.
+/// warps on an SM and fixed offsets add no addressing per element (`[16384, 4096]` bf16 takes
+/// vectors of 2; `benches/results/attention-h100.md`). Changes no bit.
 pub const RMS_NORM_EXACT_WORDS: usize = 64;
 /// `rms_norm` backward, `dGamma` partials: rows each unit loads before their fma steps. Changes
 /// no bit.

@@ -281,17 +281,25 @@ fn equals_reference<R: Runtime>(client: &ComputeClient<R>) {
 /// The one-pass backward (rows that fit its registers) and the two-pass kernels give the same
 /// bits, and the lane trees through plane shuffles give the shared-memory trees' bits (forward
 /// too): the vector widths the one pass picks (D = 600 keeps the widest, 4100 and 8192 narrow
-/// it), rounds padded to a power of two (4100), whole rounds at fixed offsets (8192, 256) against
-/// the general addressing, a partial last row block, and a transposed `x`.
+/// it), rounds padded to a power of two (4100), whole rounds at fixed offsets (4096 with
+/// narrowed vectors, 8192, 256) against the general addressing, a partial last row block, and a
+/// transposed `x`.
 fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
     let planes = tree_plane(client) > 0;
-    for &(n, d) in &[(300usize, 600usize), (70, 4100), (33, 8192), (1, 256)] {
+    for &(n, d) in &[
+        (300usize, 600usize),
+        (70, 4100),
+        (40, 4096),
+        (33, 8192),
+        (1, 256),
+    ] {
         let (x, gamma, dy) = data(n, d, dt);
         let one = backward(client, (&x, &gamma, &dy), n, dt);
         let two = with_two_pass_backward(|| backward(client, (&x, &gamma, &dy), n, dt));
         assert_eq!(bits(&one.0), bits(&two.0), "{dt:?} dx n={n} d={d}");
         assert_eq!(bits(&one.1), bits(&two.1), "{dt:?} dgamma n={n} d={d}");
-        // Whole rounds (8192, 256) take fixed offsets by default: the general addressing's bits.
+        // Whole rounds (4096, 8192, 256) take fixed offsets by default: the general addressing's
+        // bits.
         let general = with_general_one_pass(|| backward(client, (&x, &gamma, &dy), n, dt));
         assert_eq!(
             (bits(&general.0), bits(&general.1)),
@@ -575,8 +583,8 @@ fn rms_norm_perf_cuda() {
         let general =
             time(&|| with_general_one_pass(|| rms_norm_backward(client, &inputs, &grads).unwrap()));
         println!(
-            "RESULT rms_norm bf16 [{n}, {d}]: one-pass backward, general addressing: {:.1} us \
-             (fixed offsets: {:.1} us)",
+            "RESULT rms_norm bf16 [{n}, {d}]: one-pass backward, general addressing and width: \
+             {:.1} us (fixed offsets: {:.1} us)",
             general * 1e6,
             bwd * 1e6
         );

@@ -555,8 +555,8 @@ pub(crate) struct OnePassOutputs<F: Float, N: Size> {
 /// of two, at least `ceil(D / 256)`: the vectors of a row each unit holds), `fma` emulated, the
 /// plane size of the lane tree's shuffles (0: the tree in shared memory; see [`lane_tree`]),
 /// and `exact`: `D = 256·rounds` with unit-stride rows (`w > 1`), so that every round is whole
-/// and a unit's vectors sit at fixed offsets from one base per row and tensor (no clamps, no
-/// selects; the same operations on the same values).
+/// and a unit's vectors sit at fixed offsets from one base per row and tensor (no clamped
+/// indices, no bounds selects in the sums; the same operations on the same values).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(crate) struct OnePassCfg {
     pub w: usize,
@@ -668,8 +668,8 @@ pub(crate) fn rms_norm_backward_kernel<F: Float, N: Size>(
         let row = row0 + i;
         let xb = ins.xo.offset as usize + row * ins.xo.s0 as usize;
         let db = ins.dyo.offset as usize + row * ins.dyo.s0 as usize;
-        // Rounds past the row (the power-of-two padding of `rounds`) load nothing.
         let (xr, dr) = (xb / w + u, db / w + u);
+        // Rounds past the row (the power-of-two padding of `rounds`) load nothing.
         #[unroll]
         for k in 0..rounds {
             if comptime![exact] {

@@ -54,14 +54,17 @@ thread_local! {
 }
 
 /// Perf hook: runs `f` with this thread's one-pass backward loading vectors of `width` elements
-/// (rounded down to a power of two; narrower only where the tensors or the registers require it)
-/// and, with `plane` false, every row kernel's lane tree in shared memory rather than through
+/// (rounded down to a power of two; narrower only where the tensors or the registers require it;
+/// `usize::MAX` leaves the width to the host's rule) and, with `plane` false, every row kernel's lane tree in shared memory rather than through
 /// plane shuffles (the same bits in every case), so that a benchmark can compare them in one
 /// process. Other threads are unaffected; the previous setting is restored when `f` returns or
 /// unwinds.
 #[doc(hidden)]
 pub fn with_row_kernels<T>(width: usize, plane: bool, f: impl FnOnce() -> T) -> T {
-    let width = 1usize << width.max(1).ilog2();
+    let width = match width {
+        usize::MAX => usize::MAX,
+        w => 1usize << w.max(1).ilog2(),
+    };
     crate::util::with_thread_value(&ROW_KERNELS, (width, plane), f)
 }
 
@@ -74,8 +77,9 @@ pub fn with_two_pass_backward<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// Test and perf hook: runs `f` with this thread's one-pass backward taking its general row
-/// addressing (clamped loads, selected terms) even where a row is whole rounds of unit-stride
-/// vectors, so that tests and benchmarks can compare the two (the same bits). Other threads are
+/// addressing (clamped loads, selected terms) and the width that goes with it even where a row is
+/// whole rounds of unit-stride vectors, so that tests and benchmarks can compare the two (the
+/// same bits). Other threads are
 /// unaffected; the previous setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_general_one_pass<T>(f: impl FnOnce() -> T) -> T {
@@ -384,8 +388,9 @@ fn one_pass_words(rounds: usize, w: usize, es: usize) -> usize {
 
 impl OnePassCfg {
     /// With fixed offsets, the vector narrows (not below 2 elements) until a unit holds at most
-    /// [`RMS_NORM_EXACT_WORDS`]: each round's address is a constant there, so narrower vectors
-    /// cost no instructions per element and leave registers for more warps per SM.
+    /// [`RMS_NORM_EXACT_WORDS`]: each round's address is a constant offset from the row's base
+    /// there, so narrower vectors add no addressing per element and leave registers for more
+    /// warps per SM.
     fn narrowed(mut self, es: usize) -> Self {
         while self.exact
             && self.w > 2
