@@ -640,10 +640,44 @@ IB_LOGP_SAMPLE_ENTRY(ib_logp_sample_pp_ent_f16, __half, ib::LogpPpCfgF16, true)
 
 namespace ib {
 
-// One warp per row: in-place pairwise tree over the row's segment partials (segment i absorbs segment
-// i + stride for stride = 1, 2, 4, ...); the row's merged partial ends in segment 0.
-__device__ __forceinline__ void merge_segments(float2* __restrict__ ws, float* __restrict__ wu, int N, int nseg,
-                                               int row, int lane, bool has_ent) {
+// Segments each lane holds in merge_segments' register tree (up to 32 * MERGE_HELD segments, V <= 262144).
+constexpr int MERGE_HELD = 8;
+
+// Partial a absorbs partial b: (m, s) or, with the entropy, (m, s, u).
+__device__ __forceinline__ float3 segment_combine(float3 a, float3 b, bool has_ent) {
+  if (has_ent) return msu_combine(a, b);
+  const float2 v = ms_combine(make_float2(a.x, a.y), make_float2(b.x, b.y));
+  return make_float3(v.x, v.y, 0.f);
+}
+
+// One warp per row: the pairwise tree over the row's segment partials (segment i absorbs segment i + stride for
+// stride = 1, 2, 4, ...); returns the merged partial (m, s, u) in lane 0 (u = 0 without the entropy). Up to
+// 32 * MERGE_HELD segments it runs in registers: lane l holds segments l * MERGE_HELD .. (the levels below
+// MERGE_HELD inside a lane, the others through shuffles); past that, in place in ws / wu. The same pairs in the
+// same order either way, so the same bits.
+__device__ __forceinline__ float3 merge_segments(float2* __restrict__ ws, float* __restrict__ wu, int N, int nseg,
+                                                 int row, int lane, bool has_ent) {
+  if (nseg <= 32 * MERGE_HELD) {
+    const int base = lane * MERGE_HELD;
+    float3 v[MERGE_HELD];
+#pragma unroll
+    for (int r = 0; r < MERGE_HELD; ++r) {
+      const size_t a = (size_t)(base + r) * N + row;
+      v[r] = base + r < nseg ? make_float3(ws[a].x, ws[a].y, has_ent ? wu[a] : 0.f) : make_float3(0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int stride = 1; stride < MERGE_HELD; stride *= 2)
+#pragma unroll
+      for (int r = 0; r < MERGE_HELD; r += 2 * stride)
+        if (base + r + stride < nseg) v[r] = segment_combine(v[r], v[r + stride], has_ent);
+    for (int stride = MERGE_HELD; stride < nseg; stride *= 2) {
+      const int d = stride / MERGE_HELD;
+      const float3 o = make_float3(__shfl_down_sync(0xffffffffu, v[0].x, d), __shfl_down_sync(0xffffffffu, v[0].y, d),
+                                   __shfl_down_sync(0xffffffffu, v[0].z, d));
+      if (lane % (2 * d) == 0 && base + stride < nseg) v[0] = segment_combine(v[0], o, has_ent);
+    }
+    return v[0];
+  }
   for (int stride = 1; stride < nseg; stride *= 2) {
     for (int i = lane * 2 * stride; i + stride < nseg; i += 64 * stride) {
       const size_t a = (size_t)i * N + row, b = (size_t)(i + stride) * N + row;
@@ -657,6 +691,7 @@ __device__ __forceinline__ void merge_segments(float2* __restrict__ ws, float* _
     }
     __syncwarp();
   }
+  return make_float3(ws[row].x, ws[row].y, has_ent ? wu[row] : 0.f);
 }
 
 // lse = m + log(s) of the merged partial v.
@@ -679,9 +714,9 @@ extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __res
   const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= N) return;
   const bool has_ent = p.flags & LOGP_ENTROPY;
-  ib::merge_segments(ws, wu, N, ib::cdiv(V, LOGP_SEG), row, lane, has_ent);
+  const float3 merged = ib::merge_segments(ws, wu, N, ib::cdiv(V, LOGP_SEG), row, lane, has_ent);
   if (lane == 0) {
-    const float2 v = ws[row];
+    const float2 v = make_float2(merged.x, merged.y);
     const float L = ib::merged_lse(v);
     lse[row] = L;
     const int t = targets[row];
@@ -691,42 +726,48 @@ extern "C" __global__ void __launch_bounds__(256) ib_logp_merge(const int* __res
     else if (t >= 0 && t < V) out = logp[row] - L;
     else out = __int_as_float(0x7fc00000);  // NaN: target out of range (the host validates upstream)
     logp[row] = out;
-    if (has_ent) ent[row] = ignored ? 0.f : ib::merged_entropy(v, wu[row]);
+    if (has_ent) ent[row] = ignored ? 0.f : ib::merged_entropy(v, merged.z);
   }
 }
 #endif
 
 #if !defined(IB_SELECT) || defined(IB_ENTRY_ib_logp_sample_merge)
 // The sampler's merge, one warp per row: the segment tree and lse (entropy) as ib_logp_merge, the segments'
-// best candidates in ascending order (a total order: ties to the smaller column), then the token and
-// logp = z_token - lse (NaN, token -1 where no candidate exists: every key -inf or NaN).
-extern "C" __global__ void __launch_bounds__(256) ib_logp_sample_merge(float* __restrict__ logp,
-                                                                      float* __restrict__ lse,
+// best candidates (each lane over segments lane, lane + 32, ..., then a shuffle tree; `beats` is a total order
+// over distinct columns, ties to the smaller column, so any grouping picks the same candidate), then the token
+// and logp = z_token - lse (NaN, token -1 where no candidate exists: every key -inf or NaN). Writes the row of
+// out [N, C + 1]: logp, lse[, entropy], token (C = 2, or 3 with LOGP_ENTROPY).
+extern "C" __global__ void __launch_bounds__(256) ib_logp_sample_merge(float* __restrict__ out,
                                                                       float2* __restrict__ ws,
                                                                       float* __restrict__ wu,
-                                                                      float* __restrict__ ent,
                                                                       const float4* __restrict__ wc,
-                                                                      float* __restrict__ token,
                                                                       const __grid_constant__ LogpSampleParams p) {
   const int N = (int)p.N, V = (int)p.V;
   const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   if (row >= N) return;
   const int nseg = ib::cdiv(V, LOGP_SEG);
   const bool has_ent = p.flags & LOGP_ENTROPY;
-  ib::merge_segments(ws, wu, N, nseg, row, lane, has_ent);
+  const float3 merged = ib::merge_segments(ws, wu, N, nseg, row, lane, has_ent);
+  ib::Pick best{IB_NEG_INF, IB_NEG_INF, LOGP_NO_TOKEN};
+  for (int sg = lane; sg < nseg; sg += 32) {
+    const float4 c = wc[(size_t)sg * N + row];
+    best.offer(c.x, c.y, __float_as_int(c.z));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const float k = __shfl_down_sync(0xffffffffu, best.key, off), z = __shfl_down_sync(0xffffffffu, best.z, off);
+    best.offer(k, z, __shfl_down_sync(0xffffffffu, best.j, off));
+  }
   if (lane == 0) {
-    const float2 v = ws[row];
+    const int C = has_ent ? 3 : 2;
+    float* o = out + (size_t)row * (C + 1);
+    const float2 v = make_float2(merged.x, merged.y);
     const float L = ib::merged_lse(v);
-    lse[row] = L;
-    ib::Pick best{IB_NEG_INF, IB_NEG_INF, LOGP_NO_TOKEN};
-    for (int sg = 0; sg < nseg; ++sg) {
-      const float4 c = wc[(size_t)sg * N + row];
-      best.offer(c.x, c.y, __float_as_int(c.z));
-    }
     const bool found = best.j != LOGP_NO_TOKEN;
-    logp[row] = found ? best.z - L : __int_as_float(0x7fc00000);
-    token[row] = found ? (float)best.j : -1.f;
-    if (has_ent) ent[row] = ib::merged_entropy(v, wu[row]);
+    o[0] = found ? best.z - L : __int_as_float(0x7fc00000);
+    o[1] = L;
+    if (has_ent) o[2] = ib::merged_entropy(v, merged.z);
+    o[C] = found ? (float)best.j : -1.f;
   }
 }
 #endif

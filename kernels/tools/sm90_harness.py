@@ -8,7 +8,7 @@ data, the f32 references and the cuBLAS timings.
 Usage: sm90_harness.py [--cubin-dir D] [--only MODES]   (default MODES = gemm,logp,perf)
 MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timings vs cuBLAS), logppp (the
 ping-pong logp forward = the plain one bitwise, both timed beside cuBLAS), samplepp (the same for the sampler's
-pass, Gumbel and greedy), perfbwd (NT/TN
+pass, Gumbel and greedy), samplemerge (the segment merges against --old-cubin's, bitwise, both timed), perfbwd (NT/TN
 and logp-backward parts separately), ksweep (time vs K), prof (one launch each, for ncu), sanitize (small
 shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
 bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
@@ -1131,13 +1131,88 @@ def sample_pass(H, W, keys, noise, pp=False, seed=1):
     sp = ENTRIES[f"ib_logp_sample_pp_{sfx(H.dtype)}" if pp else f"ib_logp_sample_{sfx(H.dtype)}"]
     merge = ENTRIES["ib_logp_sample_merge"]
     nseg = -(-V // SEG)
-    out = [torch.empty((N,), device="cuda") for _ in range(3)]  # logp, lse, token
+    out = torch.empty((N, 3), device="cuda")  # logp, lse, token
     ws = torch.empty((nseg * N * 2,), device="cuda"); cand = torch.empty((nseg * N * 4,), device="cuda")
     p = struct.pack("<IIIIqfIIIII", N, V, D, 0, 0, 1.0, 0, seed & 0xFFFFFFFF, seed >> 32, int(noise), 0)
     launch(sp.name, pass_grid(sp, N, nseg, pp), [tmap(H, N, D, D), tmap(W, V, D, D)],
            [H, W, H, W, H, keys, ws, ws, cand], p)  # the maps' buffers, then the entry's
-    launch(merge.name, -(-N // merge.rows), [], [out[0], out[1], ws, ws, ws, cand, out[2]], p)
-    return out
+    launch(merge.name, -(-N // merge.rows), [], [out, ws, ws, cand], p)
+    return [out[:, c] for c in range(3)]
+
+
+def sample_merge():
+    """The segment merges (ib_logp_merge, ib_logp_sample_merge) against another build's (--old-cubin FILE: a
+    whole-file linear_logp_sm90 cubin from nvrtc_check.py --full --out): from one pass's partials (copied: the old
+    merges work in place), the same outputs bitwise, with and without the entropy, Gumbel and greedy, at V whose
+    segments fill the register tree partly (1000, 128256) and overflow it (300000); then both timed at V 128256
+    (bf16, D 4096, rows of --rows)."""
+    print("\n== linear_logp / linear_sample merges: this build vs --old-cubin (bf16, D 4096) ==", flush=True)
+    mod = ctypes.c_void_p()
+    ck(_cu.cuModuleLoadData(ctypes.byref(mod), open(arg("--old-cubin"), "rb").read()), "cuModuleLoadData(old)")
+    old = {}
+    for name in ("ib_logp_merge", "ib_logp_sample_merge"):
+        old[name] = ctypes.c_void_p()
+        ck(_cu.cuModuleGetFunction(ctypes.byref(old[name]), mod, name.encode()), f"cuModuleGetFunction(old {name})")
+    ent_flag = CONSTANTS["LOGP_ENTROPY"]
+    D = 4096
+    for V in (128256, 1000, 300000):
+        W = rnd(V, D, scale=0.5)
+        nseg = -(-V // SEG)
+        for N in (int(n) for n in (arg("--rows") or "64,4096").split(",")):
+            H = rnd(N, D, scale=0.05)
+            keys = torch.arange(N, device="cuda", dtype=torch.int32)
+            maps = [tmap(H, N, D, D), tmap(W, V, D, D)]
+            for ent in (False, True):
+                e = "_ent" if ent else ""
+                flags = ent_flag if ent else 0
+                ws = torch.empty((nseg * N * 2,), device="cuda"); wu = torch.empty((nseg * N,), device="cuda")
+
+                def compare(what, name, grid, new_bufs, new_out, old_bufs, old_out, p):
+                    merge = ENTRIES[name]
+                    runs = {}
+                    for which, bufs, outs in (("new", new_bufs, new_out), ("old", old_bufs, old_out)):
+                        l = Launch(merge.file, name, grid, merge.threads, merge.smem, [], bufs, p)
+                        if which == "old":
+                            l.f = old[name]
+                        l()
+                        torch.cuda.synchronize()
+                        runs[which] = (outs, l)
+                    same = all(torch.equal(x.contiguous().view(torch.int32), y.contiguous().view(torch.int32))
+                               for x, y in zip(runs["new"][0], runs["old"][0]))
+                    check(f"{what} merge = old merge V={V} N={N}{e}", same)
+                    if V == 128256:
+                        t_new, t_old = bench_pair(runs["new"][1], runs["old"][1])
+                        print(f"RESULT {what} merge V={V} N={N}{e}: new {t_new * 1e3:.2f} us, old {t_old * 1e3:.2f} us",
+                              flush=True)
+
+                # linear_logp: the pass writes z_t into logp, the merge turns it into logp.
+                fwd = ENTRIES[f"ib_logp_fwd_pp{e}_{sfx(H.dtype)}"]
+                p = struct.pack("<IIIIqfI", N, V, D, flags, 0, 1.0, 0)
+                z_t = torch.full((N,), float("nan"), device="cuda")
+                launch(fwd.name, pass_grid(fwd, N, nseg, True), maps,
+                       [H, W, H, W, H, keys, z_t, z_t.clone(), ws, wu, z_t.clone()], p)
+                outs = {w: [z_t.clone(), torch.empty((N,), device="cuda"), torch.empty((N,), device="cuda"),
+                            ws.clone(), wu.clone()] for w in ("new", "old")}
+                bufs = {w: [keys, o[0], o[1], o[3], o[4], o[2]] for w, o in outs.items()}
+                grid = -(-N // MERGE.rows)
+                compare("logp", "ib_logp_merge", grid, bufs["new"], outs["new"][:3 if ent else 2], bufs["old"],
+                        outs["old"][:3 if ent else 2], p)
+                # linear_sample: Gumbel and greedy.
+                sp = ENTRIES[f"ib_logp_sample_pp{e}_{sfx(H.dtype)}"]
+                for noise, rule in ((1, "gumbel"), (0, "greedy")):
+                    cand = torch.empty((nseg * N * 4,), device="cuda")
+                    p = struct.pack("<IIIIqfIIIII", N, V, D, flags, 0, 1.0, 0, 1, 0, noise, 0)
+                    launch(sp.name, pass_grid(sp, N, nseg, True), maps, [H, W, H, W, H, keys, ws, wu, cand], p)
+                    c = 3 if ent else 2
+                    stats = torch.empty((N, c + 1), device="cuda")  # logp, lse[, entropy], token
+                    new_out = [stats[:, j] for j in range(c + 1)]
+                    o = [torch.empty((N,), device="cuda") for _ in range(4)]  # logp, lse, entropy, token
+                    w_old, u_old = ws.clone(), wu.clone()
+                    old_bufs = [o[0], o[1], w_old, u_old, o[2], cand, o[3]]
+                    old_out = [o[0], o[1]] + ([o[2]] if ent else []) + [o[3]]
+                    compare(f"sample {rule}", "ib_logp_sample_merge", -(-N // ENTRIES["ib_logp_sample_merge"].rows),
+                            [stats, ws.clone(), wu.clone(), cand], new_out, old_bufs, old_out, p)
+        del W
 
 
 def sample_pingpong():
@@ -1315,6 +1390,8 @@ if __name__ == "__main__":
         logp_pingpong()
     if "samplepp" in ONLY:
         sample_pingpong()
+    if "samplemerge" in ONLY:
+        sample_merge()
     if "ksweep" in ONLY:
         ksweep()
     if "perfbwd" in ONLY:

@@ -196,12 +196,12 @@ pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTenso
     } = args;
     let (dtype, client) = (hidden.dtype, hidden.client.clone());
     let out = |len: usize| empty(&hidden, vec![len], DType::F32);
-    let (logp, lse, token) = (out(n), out(n), out(n));
+    // The merge writes each row's (logp, lse[, entropy], token) in place.
+    let stats = empty(&hidden, vec![n, head.columns() + 1], DType::F32);
     let segments = v.div_ceil(FWD_SEGMENT_COLS);
     let workspace = out(segments * n * 2);
     let candidates = out(segments * n * 4);
     let shifted = head.entropy.then(|| out(segments * n));
-    let entropy = head.entropy.then(|| out(n));
     let keys = match keys.dtype {
         DType::I32 => keys,
         _ => CudaOps::int_cast(keys, IntDType::I32),
@@ -249,22 +249,14 @@ pub(crate) fn linear_sample(args: LogpArgs, seed: u64, noise: bool) -> CudaTenso
         n.div_ceil(SAMPLE_MERGE.tile[0]),
         vec![],
         vec![
-            binding(&logp),
-            binding(&lse),
+            binding(&stats),
             binding(&workspace),
             shifted_binding,
-            binding(entropy.as_ref().unwrap_or(any)),
             binding(&candidates),
-            binding(&token),
         ],
         &params,
     );
-    joined(
-        n,
-        [Some(logp), Some(lse), entropy, Some(token)]
-            .into_iter()
-            .flatten(),
-    )
+    stats
 }
 
 /// Forward: `[N, C]` f32 `(logp, lse[, entropy])`.

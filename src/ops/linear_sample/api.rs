@@ -198,7 +198,8 @@ pub fn linear_sample<B: InvariantBackend>(
     let out: Tensor<B, 2> = float_tensor(B::invariant_linear_sample(inputs, implementation));
     check_device::<B>(&device)?;
     let c = head.columns();
-    let tokens = out.clone().slice([0..n, c..c + 1]).reshape([n]).int();
+    // The cast writes a contiguous column, which the reshape then takes as it is.
+    let tokens = out.clone().slice([0..n, c..c + 1]).int().reshape([n]);
     let stats = split_stats(out.slice([0..n, 0..c]), head);
     Ok(LinearSampleOutput {
         tokens,
