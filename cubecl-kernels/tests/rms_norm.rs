@@ -5,7 +5,7 @@
 mod common;
 
 use burn_invariant_cubecl::rms_norm::{
-    tree_plane, with_general_one_pass, with_row_kernels, with_two_pass_backward,
+    tree_plane, with_forward_rows, with_general_one_pass, with_row_kernels, with_two_pass_backward,
 };
 use burn_invariant_cubecl::{
     FloatDType, KernelError, RmsNormGradRefs, RmsNormRefs, rms_norm_backward,
@@ -306,6 +306,16 @@ fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
             (bits(&one.0), bits(&one.1)),
             "{dt:?} general one-pass addressing n={n} d={d}"
         );
+        // The forward's widths and batches (rows re-read past one batch): the same bits.
+        let y = forward(client, (&x, &gamma), n, dt);
+        for (width, batch) in [(8usize, 1usize), (2, 3), (1, usize::MAX)] {
+            let y_other = with_forward_rows(width, batch, || forward(client, (&x, &gamma), n, dt));
+            assert_eq!(
+                bits(&y_other),
+                bits(&y),
+                "{dt:?} forward, vectors of {width}, batches of {batch} n={n} d={d}"
+            );
+        }
         if planes {
             // The lane trees in shared memory: the same bits as through planes.
             let plain = with_row_kernels(usize::MAX, false, || {
@@ -316,7 +326,6 @@ fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
                 (bits(&one.0), bits(&one.1)),
                 "{dt:?} backward, shared-memory tree n={n} d={d}"
             );
-            let y = forward(client, (&x, &gamma), n, dt);
             let y_plain =
                 with_row_kernels(usize::MAX, false, || forward(client, (&x, &gamma), n, dt));
             assert_eq!(
@@ -570,6 +579,18 @@ fn rms_norm_perf_cuda() {
             s[3]
         };
         let fwd = time(&|| rms_norm_forward(client, &inputs, out.b()).unwrap());
+        for (width, batch) in [(4usize, 8usize), (4, 4), (8, 8), (8, 4), (2, 16), (2, 8)] {
+            let t = time(&|| {
+                with_forward_rows(width, batch, || {
+                    rms_norm_forward(client, &inputs, out.b()).unwrap()
+                })
+            });
+            println!(
+                "RESULT rms_norm bf16 [{n}, {d}]: forward, vectors of {width}, batches of \
+                 {batch}: {:.1} us",
+                t * 1e6
+            );
+        }
         let fwd_shared = time(&|| {
             with_row_kernels(usize::MAX, false, || {
                 rms_norm_forward(client, &inputs, out.b()).unwrap()

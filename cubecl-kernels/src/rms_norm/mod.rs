@@ -51,13 +51,25 @@ thread_local! {
     static GENERAL_ONE_PASS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     static ROW_KERNELS: std::cell::Cell<(usize, bool)> =
         const { std::cell::Cell::new((usize::MAX, true)) };
+    static FORWARD: std::cell::Cell<(usize, usize)> =
+        const { std::cell::Cell::new((usize::MAX, usize::MAX)) };
+}
+
+/// Perf hook: runs `f` with this thread's forward loading vectors of up to `width` elements (a
+/// power of two; where the tensors allow it, possibly wider than the host's rule) in batches of
+/// `batch` vectors per unit (`usize::MAX` leaves either to the host's rule). The same bits at
+/// every setting. Other threads are unaffected; the previous setting is restored when `f`
+/// returns or unwinds.
+#[doc(hidden)]
+pub fn with_forward_rows<T>(width: usize, batch: usize, f: impl FnOnce() -> T) -> T {
+    crate::util::with_thread_value(&FORWARD, (width, batch.max(1)), f)
 }
 
 /// Perf hook: runs `f` with this thread's one-pass backward loading vectors of `width` elements
 /// (rounded down to a power of two; narrower only where the tensors or the registers require it;
-/// `usize::MAX` leaves the width to the host's rule) and, with `plane` false, every row kernel's lane tree in shared memory rather than through
-/// plane shuffles (the same bits in every case), so that a benchmark can compare them in one
-/// process. Other threads are unaffected; the previous setting is restored when `f` returns or
+/// `usize::MAX` leaves the width to the host's rule) and, with `plane` false, every row kernel's
+/// lane tree in shared memory rather than through plane shuffles (the same bits in every case),
+/// so that a benchmark can compare them in one process. Other threads are unaffected; the previous setting is restored when `f` returns or
 /// unwinds.
 #[doc(hidden)]
 pub fn with_row_kernels<T>(width: usize, plane: bool, f: impl FnOnce() -> T) -> T {
@@ -246,14 +258,24 @@ pub fn rms_norm_forward<R: Runtime>(
     let emulate = fma_mode(client) == FmaMode::Emulated;
     let d32 = to_u32("x", "D", c.d)?;
     let dtype = inputs.dtype.storage();
+    let (width, batch) = FORWARD.with(std::cell::Cell::get);
+    let max_bytes = match width {
+        usize::MAX => RMS_NORM_VECTOR_BYTES,
+        w => w * c.es,
+    };
     let w = vector_width(
         client,
         c.es,
-        RMS_NORM_VECTOR_BYTES,
+        max_bytes,
         c.d,
         &[(inputs.x, &c.xv), (out, &ov)],
         (inputs.gamma, &c.gv),
     );
+    let batch = if batch == usize::MAX {
+        RMS_NORM_BATCH
+    } else {
+        batch
+    };
     for (row, rows) in launch_chunks(client, 0, c.n, w) {
         let (gx, _) = check_grid(client, "x", rows.div_ceil(w), 1)?;
         unsafe {
@@ -273,7 +295,7 @@ pub fn rms_norm_forward<R: Runtime>(
                 RowSizesLaunch::new(to_u32("x", "N", rows)?, d32, c.d as f32, inputs.eps),
                 RowCfg {
                     w,
-                    batch: RMS_NORM_BATCH,
+                    batch,
                     emulate_fma: emulate,
                     plane: tree_plane(client),
                 },
