@@ -1,7 +1,10 @@
 //! Public-call overhead: `burn_invariant::matmul` against the backend primitive it runs
 //! (`MatmulOps::invariant_matmul` with the implementation the registry chose), on the same
 //! backend, raw `CubeBackend<Cuda>` and `Fusion` of it, at decode sizes (M = 1, 16, 64,
-//! K = N = 4096, bf16), with Burn's own `matmul` for scale.
+//! K = N = 4096, bf16), with Burn's own `matmul` for scale. Then the rollout's LM head at
+//! N = 64 (D = 4096, V = 128256, bf16): `linear_sample` (Gumbel, greedy) and `linear_logp_full`
+//! against `invariant_linear_sample` / `invariant_linear_logp`, on raw, `Fusion` and
+//! `Autodiff<Fusion>` (the backend of `gpu_report sample`).
 //!
 //! Each sample queues a batch of calls and syncs once: `us_per_call` is the wall time per call,
 //! `host_us_per_call` the time to enqueue one (what the caller's thread spends). The difference
@@ -13,22 +16,35 @@
 //! and exits 0 without one).
 use std::time::Instant;
 
-use burn::tensor::{DType, Distribution, Tensor, backend::Backend};
+use burn::tensor::{
+    DType, Distribution, Int, Tensor, TensorData, TensorPrimitive, backend::Backend,
+};
 use burn_invariant::{
-    InvariantBackend,
+    InvariantBackend, LinearLogpOptions, SampleOptions,
+    ops::linear_logp::{LinearLogpInputs, LogpHead},
+    ops::linear_sample::{LinearSampleInputs, SampleRule, Sampler},
     registry::{Op, implementation_for},
 };
 
 const SHAPES: [(usize, usize, usize); 3] = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096)];
 const BATCH: usize = 200;
+/// The LM head of the sampler cases: `(N, D, V)`.
+const HEAD: (usize, usize, usize) = (64, 4096, 128_256);
+/// Calls per sample of the LM-head cases (each about 0.3 ms of GPU time).
+const HEAD_BATCH: usize = 20;
 const REPS: usize = 15;
 
 /// Medians over `REPS` samples of (wall, host) seconds per call of `f`, after ≥ 200 ms of
 /// warm-up so the GPU clocks have left their idle state.
-fn time<B: Backend>(device: &B::Device, mut f: impl FnMut()) -> (f64, f64) {
+fn time<B: Backend>(device: &B::Device, f: impl FnMut()) -> (f64, f64) {
+    time_batch::<B>(device, BATCH, f)
+}
+
+/// [`time`] with `batch` calls per sample.
+fn time_batch<B: Backend>(device: &B::Device, batch: usize, mut f: impl FnMut()) -> (f64, f64) {
     let warm = Instant::now();
     while warm.elapsed().as_secs_f64() < 0.2 {
-        for _ in 0..BATCH {
+        for _ in 0..batch {
             f();
         }
         B::sync(device).expect("sync");
@@ -36,13 +52,13 @@ fn time<B: Backend>(device: &B::Device, mut f: impl FnMut()) -> (f64, f64) {
     let (mut wall, mut host): (Vec<f64>, Vec<f64>) = (0..REPS)
         .map(|_| {
             let start = Instant::now();
-            for _ in 0..BATCH {
+            for _ in 0..batch {
                 f();
             }
             let enqueued = start.elapsed().as_secs_f64();
             B::sync(device).expect("sync");
             let total = start.elapsed().as_secs_f64();
-            (total / BATCH as f64, enqueued / BATCH as f64)
+            (total / batch as f64, enqueued / batch as f64)
         })
         .unzip();
     wall.sort_by(f64::total_cmp);
@@ -100,6 +116,117 @@ fn cases<B: InvariantBackend>(backend: &str, device: &B::Device) -> bool {
     agree
 }
 
+fn report_head(backend: &str, what: &str, (wall, host): (f64, f64)) {
+    let (n, d, v) = HEAD;
+    println!(
+        "OVERHEAD backend={backend} what={what} n={n} d={d} v={v} us_per_call={:.2} host_us_per_call={:.2}",
+        wall * 1e6,
+        host * 1e6
+    );
+}
+
+/// Checks that the public call's `logp` equals the first column of its primitive's output bitwise,
+/// then times both (`<what>_api`, `<what>_primitive`).
+fn api_and_primitive<B: InvariantBackend>(
+    (backend, what): (&str, &str),
+    device: &B::Device,
+    api: impl Fn() -> Tensor<B, 1>,
+    primitive: impl Fn() -> B::FloatTensorPrimitive,
+) -> bool {
+    let n = HEAD.0;
+    let column = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(primitive()))
+        .slice([0..n, 0..1])
+        .reshape([n]);
+    let equal = api().into_data().bytes == column.into_data().bytes;
+    println!("CHECK backend={backend} what={what} bitwise_equal={equal}");
+    let t = time_batch::<B>(device, HEAD_BATCH, || {
+        let _ = api();
+    });
+    report_head(backend, &format!("{what}_api"), t);
+    let p = time_batch::<B>(device, HEAD_BATCH, || {
+        let _ = primitive();
+    });
+    report_head(backend, &format!("{what}_primitive"), p);
+    equal
+}
+
+/// The LM head at N = 64 on backend `B`: the public `linear_sample` (Gumbel, greedy) and
+/// `linear_logp_full` beside the primitives they run. Returns false if a public call's `logp`
+/// differs from its primitive's.
+fn head_cases<B: InvariantBackend>(backend: &str, device: &B::Device) -> bool {
+    let (n, d, v) = HEAD;
+    let rand = |shape: [usize; 2]| {
+        Tensor::<B, 2>::random(shape, Distribution::Uniform(-0.05, 0.05), device).cast(DType::BF16)
+    };
+    let (hidden, weight) = (rand([n, d]).mul_scalar(20.0), rand([v, d]));
+    let keys =
+        Tensor::<B, 1, Int>::from_data(TensorData::new((0..n as i64).collect(), [n]), device);
+    let prim = |t: &Tensor<B, 2>| t.clone().into_primitive().tensor();
+    let implementation =
+        implementation_for::<B>(Op::LinearLogp, device, DType::BF16).expect("an implementation");
+    println!("CHECK backend={backend} head implementation={implementation:?}");
+    let head = LogpHead::PLAIN;
+    let mut agree = true;
+    for (name, rule) in [
+        ("gumbel", SampleRule::Gumbel),
+        ("greedy", SampleRule::Greedy),
+    ] {
+        let options = SampleOptions::default()
+            .with_seed(1)
+            .with_greedy(rule == SampleRule::Greedy);
+        let inputs = || LinearSampleInputs::<B> {
+            hidden: prim(&hidden),
+            weight: prim(&weight),
+            bias: None,
+            keys: keys.clone().into_primitive(),
+            head,
+            sampler: Sampler { seed: 1, rule },
+        };
+        agree &= api_and_primitive(
+            (backend, &format!("linear_sample_{name}")),
+            device,
+            || {
+                burn_invariant::linear_sample(
+                    hidden.clone(),
+                    weight.clone(),
+                    keys.clone(),
+                    None,
+                    &options,
+                )
+                .expect("linear_sample")
+                .logp
+            },
+            || B::invariant_linear_sample(inputs(), implementation),
+        );
+    }
+    let options = LinearLogpOptions::default().with_skip_target_check(true);
+    let inputs = || LinearLogpInputs::<B> {
+        hidden: prim(&hidden),
+        weight: prim(&weight),
+        bias: None,
+        targets: keys.clone().into_primitive(),
+        ignore_index: None,
+        head,
+    };
+    agree &= api_and_primitive(
+        (backend, "linear_logp_full"),
+        device,
+        || {
+            burn_invariant::linear_logp_full(
+                hidden.clone(),
+                weight.clone(),
+                keys.clone(),
+                None,
+                &options,
+            )
+            .expect("linear_logp_full")
+            .logp
+        },
+        || B::invariant_linear_logp(inputs(), implementation),
+    );
+    agree
+}
+
 fn main() {
     #[cfg(feature = "cuda")]
     {
@@ -118,7 +245,10 @@ fn main() {
         let device = cubecl::cuda::CudaDevice::new(0);
         let raw = cases::<Raw>("raw", &device);
         let fused = cases::<Fused>("fusion", &device);
-        if !(raw && fused) {
+        let head = head_cases::<Raw>("raw", &device)
+            & head_cases::<Fused>("fusion", &device)
+            & head_cases::<burn::backend::Autodiff<Fused>>("autodiff_fusion", &device);
+        if !(raw && fused && head) {
             eprintln!("FAILED: the public call and the primitive gave different bits");
             std::process::exit(1);
         }
