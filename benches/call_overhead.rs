@@ -4,7 +4,9 @@
 //! K = N = 4096, bf16), with Burn's own `matmul` for scale. Then the rollout's LM head at
 //! N = 64 (D = 4096, V = 128256, bf16): `linear_sample` (Gumbel, greedy) and `linear_logp_full`
 //! against `invariant_linear_sample` / `invariant_linear_logp`, on raw, `Fusion` and
-//! `Autodiff<Fusion>` (the backend of `gpu_report sample`).
+//! `Autodiff<Fusion>` (the backend of `gpu_report sample`). The timed calls drop their outputs
+//! unread: under `Fusion` the fused kernels may then skip writing some of them, so those rows can
+//! understate what a caller that reads every output pays; the raw rows run every kernel.
 //!
 //! Each sample queues a batch of calls and syncs once: `us_per_call` is the wall time per call,
 //! `host_us_per_call` the time to enqueue one (what the caller's thread spends). The difference

@@ -55,7 +55,7 @@ static_assert(sizeof(LogpBwdParams) == 40, "LogpBwdParams ABI: mirrored by src/b
 #define LOGP_DBIAS_ACC_LOAD 4u   // dbias: v = dbias_acc[v] + chunk sum
 #define LOGP_DBIAS_ACC_STORE 8u  // dbias: dbias_acc[v] = v
 #define LOGP_DBIAS_STORE 16u     // dbias: dbias_out[v] = round(v)
-#define LOGP_ENTROPY 32u         // merge: shifted sums in wu, entropy into ent
+#define LOGP_ENTROPY 32u         // merges: shifted sums in wu, the entropy into ent (column 2 of the sampler's out)
 
 namespace ib {
 

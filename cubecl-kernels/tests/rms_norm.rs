@@ -24,7 +24,8 @@ fn fdt(dt: Dt) -> FloatDType {
     }
 }
 
-/// Forward of `x` (a `[n, d]` view) and dense `gamma`, read back as `[n, d]`.
+/// Forward of `x` (a `[n, d]` view) and dense `gamma` into a strided output, read back as
+/// `[n, d]`.
 fn forward_view<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Buf<R>,
@@ -33,6 +34,17 @@ fn forward_view<R: Runtime>(
     dt: Dt,
 ) -> Vec<f32> {
     let out = alloc(client, &[n, d], &[d + 3, 1], dt);
+    forward_into(client, (x, gamma), &out, [n, d], dt)
+}
+
+/// Forward of `x` and `gamma` into `out`, read back as `[n, d]`.
+fn forward_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    (x, gamma): (&Buf<R>, &Buf<R>),
+    out: &Buf<R>,
+    [n, d]: [usize; 2],
+    dt: Dt,
+) -> Vec<f32> {
     let inputs = RmsNormRefs {
         x: x.b(),
         gamma: gamma.b(),
@@ -40,19 +52,37 @@ fn forward_view<R: Runtime>(
         eps: EPS,
     };
     rms_norm_forward(client, &inputs, out.b()).expect("rms_norm_forward");
-    read_2d(client, &out, dt, n, d)
+    read_2d(client, out, dt, n, d)
 }
 
+/// Forward of dense `x` and `gamma` into a strided output (element by element).
 fn forward<R: Runtime>(
     client: &ComputeClient<R>,
     (x, gamma): (&[f32], &[f32]),
     n: usize,
     dt: Dt,
 ) -> Vec<f32> {
+    forward_to(client, (x, gamma), n, dt, false)
+}
+
+/// Forward of dense `x` and `gamma` into a dense output where `dense` (so that the host may take
+/// its widest vectors), else into a strided one (element by element).
+fn forward_to<R: Runtime>(
+    client: &ComputeClient<R>,
+    (x, gamma): (&[f32], &[f32]),
+    n: usize,
+    dt: Dt,
+    dense: bool,
+) -> Vec<f32> {
     let d = gamma.len();
     let xb = upload(client, x, &[n, d], dt);
     let gb = upload(client, gamma, &[d], dt);
-    forward_view(client, &xb, &gb, [n, d], dt)
+    if dense {
+        let out = alloc_dense(client, &[n, d], dt);
+        forward_into(client, (&xb, &gb), &out, [n, d], dt)
+    } else {
+        forward_view(client, &xb, &gb, [n, d], dt)
+    }
 }
 
 /// `(dx, dgamma)` for dense inputs.
@@ -306,10 +336,20 @@ fn one_pass_equals_two_passes<R: Runtime>(client: &ComputeClient<R>, dt: Dt) {
             (bits(&one.0), bits(&one.1)),
             "{dt:?} general one-pass addressing n={n} d={d}"
         );
-        // The forward's widths and batches (rows re-read past one batch): the same bits.
+        // The forward's widths and batches (rows re-read past one batch), into a dense output:
+        // the same bits as the host's choice there and as element by element (the strided
+        // output of `forward`).
         let y = forward(client, (&x, &gamma), n, dt);
-        for (width, batch) in [(8usize, 1usize), (2, 3), (1, usize::MAX)] {
-            let y_other = with_forward_rows(width, batch, || forward(client, (&x, &gamma), n, dt));
+        let y_dense = forward_to(client, (&x, &gamma), n, dt, true);
+        assert_eq!(
+            bits(&y_dense),
+            bits(&y),
+            "{dt:?} forward, dense output n={n} d={d}"
+        );
+        for (width, batch) in [(8usize, 1usize), (8, 3), (4, 2), (2, 3), (1, usize::MAX)] {
+            let y_other = with_forward_rows(width, batch, || {
+                forward_to(client, (&x, &gamma), n, dt, true)
+            });
             assert_eq!(
                 bits(&y_other),
                 bits(&y),

@@ -1126,7 +1126,8 @@ def logp_pingpong():
 
 
 def sample_pass(H, W, keys, noise, pp=False, seed=1):
-    """The sampler's pass and merge (as src/backends/sm90/logp.rs launches them), no entropy: `[N]` tokens."""
+    """The sampler's pass and merge (as src/backends/sm90/logp.rs launches them), no entropy: the `[N]` columns
+    logp, lse and token of the merge's `[N, 3]` output."""
     N, D = H.shape; V = W.shape[0]
     sp = ENTRIES[f"ib_logp_sample_pp_{sfx(H.dtype)}" if pp else f"ib_logp_sample_{sfx(H.dtype)}"]
     merge = ENTRIES["ib_logp_sample_merge"]
@@ -1143,9 +1144,10 @@ def sample_pass(H, W, keys, noise, pp=False, seed=1):
 def sample_merge():
     """The segment merges (ib_logp_merge, ib_logp_sample_merge) against another build's (--old-cubin FILE: a
     whole-file linear_logp_sm90 cubin from nvrtc_check.py --full --out): from one pass's partials (copied: the old
-    merges work in place), the same outputs bitwise, with and without the entropy, Gumbel and greedy, at V whose
-    segments fill the register tree partly (1000, 128256) and overflow it (300000); then both timed at V 128256
-    (bf16, D 4096, rows of --rows)."""
+    merges work in place), the same outputs bitwise, with and without the entropy, Gumbel and greedy, at V of 1,
+    9, 126, 130 and 256 segments (the register tree: within lanes, then every shuffle level) and of 293 (past it,
+    in place); then both timed at V 128256 (bf16, D 4096, rows of --rows). `linear_logp`'s merge keeps its
+    signature: --cubin-dir must hold this build's cubins, or its check compares the old build with itself."""
     print("\n== linear_logp / linear_sample merges: this build vs --old-cubin (bf16, D 4096) ==", flush=True)
     mod = ctypes.c_void_p()
     ck(_cu.cuModuleLoadData(ctypes.byref(mod), open(arg("--old-cubin"), "rb").read()), "cuModuleLoadData(old)")
@@ -1155,7 +1157,7 @@ def sample_merge():
         ck(_cu.cuModuleGetFunction(ctypes.byref(old[name]), mod, name.encode()), f"cuModuleGetFunction(old {name})")
     ent_flag = CONSTANTS["LOGP_ENTROPY"]
     D = 4096
-    for V in (128256, 1000, 300000):
+    for V in (128256, 1000, 9 * 1024, 130 * 1024, 262144, 300000):
         W = rnd(V, D, scale=0.5)
         nseg = -(-V // SEG)
         for N in (int(n) for n in (arg("--rows") or "64,4096").split(",")):

@@ -69,8 +69,8 @@ pub fn with_forward_rows<T>(width: usize, batch: usize, f: impl FnOnce() -> T) -
 /// (rounded down to a power of two; narrower only where the tensors or the registers require it;
 /// `usize::MAX` leaves the width to the host's rule) and, with `plane` false, every row kernel's
 /// lane tree in shared memory rather than through plane shuffles (the same bits in every case),
-/// so that a benchmark can compare them in one process. Other threads are unaffected; the previous setting is restored when `f` returns or
-/// unwinds.
+/// so that a benchmark can compare them in one process. Other threads are unaffected; the
+/// previous setting is restored when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_row_kernels<T>(width: usize, plane: bool, f: impl FnOnce() -> T) -> T {
     let width = match width {
