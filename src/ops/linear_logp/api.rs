@@ -191,13 +191,39 @@ pub(crate) fn split_stats<B: InvariantBackend>(
     stats: Tensor<B, 2>,
     head: LogpHead,
 ) -> LinearLogpOutput<B> {
-    let n = stats.dims()[0];
-    let column = |c: usize| stats.clone().slice([0..n, c..c + 1]).reshape([n]);
+    head_outputs(stats_columns(stats), head)
+}
+
+/// The public outputs from the statistics' columns `(logp, lse[, entropy])`.
+pub(crate) fn head_outputs<B: InvariantBackend>(
+    columns: Vec<Tensor<B, 1>>,
+    head: LogpHead,
+) -> LinearLogpOutput<B> {
+    assert_eq!(columns.len(), head.columns(), "one column per statistic");
+    let mut columns = columns.into_iter();
+    let mut column = || columns.next().expect("counted above");
     LinearLogpOutput {
-        logp: column(0),
-        lse: column(1),
-        entropy: head.entropy.then(|| column(2)),
+        logp: column(),
+        lse: column(),
+        entropy: head.entropy.then(column),
     }
+}
+
+/// The `C` columns of `[N, C]` as `[N]` tensors, through one transposing copy: the columns are
+/// then contiguous views of it, where taking each column of `[N, C]` would copy it on its own.
+pub(crate) fn stats_columns<B: InvariantBackend>(stats: Tensor<B, 2>) -> Vec<Tensor<B, 1>> {
+    let [n, c] = stats.dims();
+    if n == 0 {
+        // Reshaping `[C, 0]` to `[0]` would read the 0 as "keep the first dimension".
+        let (device, dtype) = (stats.device(), stats.dtype());
+        return (0..c)
+            .map(|_| Tensor::empty([0], (&device, dtype)))
+            .collect();
+    }
+    let by_column = stats.swap_dims(0, 1).reshape([c * n]);
+    (0..c)
+        .map(|i| by_column.clone().narrow(0, i * n, n))
+        .collect()
 }
 
 /// Every check of `linear_logp` (docs/CONTRACT.md, *Errors*), then the registry's choice.

@@ -4,7 +4,7 @@ use burn::tensor::{DType, Int, Tensor};
 
 use super::{LinearSampleInputs, SampleRule, Sampler};
 use crate::backends::generic::{float_primitive, float_tensor};
-use crate::ops::linear_logp::api::{check_logits, split_stats};
+use crate::ops::linear_logp::api::{check_logits, head_outputs, stats_columns};
 use crate::ops::linear_logp::{LinearLogpInputs, LinearLogpOptions};
 use crate::registry::check_device;
 use crate::{InvariantBackend, InvariantError, validate};
@@ -197,10 +197,10 @@ pub fn linear_sample<B: InvariantBackend>(
     };
     let out: Tensor<B, 2> = float_tensor(B::invariant_linear_sample(inputs, implementation));
     check_device::<B>(&device)?;
-    let c = head.columns();
-    // The cast writes a contiguous column, which the reshape then takes as it is.
-    let tokens = out.clone().slice([0..n, c..c + 1]).int().reshape([n]);
-    let stats = split_stats(out.slice([0..n, 0..c]), head);
+    // `[N, C + 1]`: the head's columns, then the token's.
+    let mut columns = stats_columns(out);
+    let tokens = columns.pop().expect("the token column").int();
+    let stats = head_outputs(columns, head);
     Ok(LinearSampleOutput {
         tokens,
         logp: stats.logp,
