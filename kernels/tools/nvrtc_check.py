@@ -9,7 +9,8 @@ prepended), and checked to be exported. --full: each whole file instead (all ent
 writes those cubins for sm90_harness.py --cubin-dir). Exit status 0 only if everything compiles and exports.
 --cubecl DIR: instead, every CubeCL kernel source that cubecl-kernels/tests/codegen.rs wrote (DIR/sm_80/*.cu and
 DIR/sm_90/*.cu, one per kernel variant the crate launches), compiled as cubecl-cuda compiles them at run time
-(--gpu-architecture=sm_80, or sm_90a for 9.0; -lineinfo; the CUDA and CCCL headers); HIP folders must be non-empty,
+(--gpu-architecture=sm_80, or sm_90a for 9.0; -lineinfo; the CUDA and CCCL headers): all of sm_90 to cubins, sm_80
+through the front end and each entry point's largest variant to a cubin (FULL_ARCH); HIP folders must be non-empty,
 and where `hipcc` is on PATH their sources compile for their gfx target (device code, as hiprtc), except what that
 ROCm cannot build, which is said (hip_sources).
 Usage: nvrtc_check.py [--full] [--out DIR] [--ptxas-v] [--verbose] | --cubecl DIR
@@ -203,6 +204,25 @@ def hip_sources(arch, files):
     return jobs
 
 
+# CUDA architectures from which every variant is compiled to a cubin (the Hopper the device runs). Below it, every
+# variant goes through NVRTC's front end (types, overloads and the architecture's intrinsics resolved: where a
+# kernel breaks when a source change meets NVRTC), and the largest variant of each entry point through NVVM and
+# ptxas too: the variants of an entry point differ in comptime values, not in the instructions they may use, and
+# the front end is an eighth of a full compile.
+FULL_ARCH = 90
+SYNTAX_ONLY = ("-fdevice-syntax-only",)
+
+
+def largest_per_entry(sources):
+    """The paths of the largest source per entry point name (the file name less its order prefix)."""
+    largest = {}
+    for path, src in sources:
+        entry = os.path.basename(path).split("-", 1)[-1]
+        if entry not in largest or len(src) > len(largest[entry][1]):
+            largest[entry] = (path, src)
+    return set(path for path, _ in largest.values())
+
+
 def check_cubecl(root):
     """Every CUDA source under root/sm_*/ compiled by NVRTC for its folder's architecture (each
     distinct source once per architecture); every HIP folder non-empty, its sources compiled by
@@ -216,7 +236,7 @@ def check_cubecl(root):
             ok = False
             continue
         if not arch.startswith("sm_"):
-            hip_jobs = hip_sources(arch, files)
+            hip_jobs = [job + (True,) for job in hip_sources(arch, files)]
             jobs += hip_jobs
             if hip_jobs:
                 print(f"     {arch}: {len(files)} HIP kernels, {len(hip_jobs)} compiled by hipcc", flush=True)
@@ -227,16 +247,20 @@ def check_cubecl(root):
             with open(path) as f:
                 src = f.read()
             seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
-        jobs += [(nv_arch, path, src) for path, src in seen.values()]
-        print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources", flush=True)
+        full = set(path for path, _ in seen.values())
+        if int(arch[3:]) < FULL_ARCH:
+            full = largest_per_entry(seen.values())
+        jobs += [(nv_arch, path, src, path in full) for path, src in seen.values()]
+        print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources, {len(full)} of them to cubins"
+              + (", the others through the front end" if len(full) < len(seen) else ""), flush=True)
 
     def one(job):
-        nv_arch, path, src = job
+        nv_arch, path, src, full = job
         try:
             if nv_arch.startswith("gfx"):
                 hipcc(nv_arch, path)
             else:
-                compile_cubin(src, os.path.basename(path), arch=nv_arch)
+                compile_cubin(src, os.path.basename(path), () if full else SYNTAX_ONLY, arch=nv_arch)
             return None
         except (RuntimeError, OSError) as e:
             return f"FAIL {nv_arch} {os.path.relpath(path, root)}: {e}"
