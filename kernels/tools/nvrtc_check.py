@@ -247,9 +247,8 @@ def check_cubecl(root):
             with open(path) as f:
                 src = f.read()
             seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
-        full = set(path for path, _ in seen.values())
-        if int(arch[3:]) < FULL_ARCH:
-            full = largest_per_entry(seen.values())
+        full = (set(path for path, _ in seen.values()) if int(arch[3:]) >= FULL_ARCH
+                else largest_per_entry(seen.values()))
         jobs += [(nv_arch, path, src, path in full) for path, src in seen.values()]
         print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources, {len(full)} of them to cubins"
               + (", the others through the front end" if len(full) < len(seen) else ""), flush=True)

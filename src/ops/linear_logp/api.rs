@@ -213,16 +213,10 @@ pub(crate) fn head_outputs<B: InvariantBackend>(
 /// then contiguous views of it, where taking each column of `[N, C]` would copy it on its own.
 pub(crate) fn stats_columns<B: InvariantBackend>(stats: Tensor<B, 2>) -> Vec<Tensor<B, 1>> {
     let [n, c] = stats.dims();
-    if n == 0 {
-        // Reshaping `[C, 0]` to `[0]` would read the 0 as "keep the first dimension".
-        let (device, dtype) = (stats.device(), stats.dtype());
-        return (0..c)
-            .map(|_| Tensor::empty([0], (&device, dtype)))
-            .collect();
-    }
-    let by_column = stats.swap_dims(0, 1).reshape([c * n]);
+    // `-1`, not `c * n`: a literal 0 would mean "keep the first dimension" for an empty batch.
+    let by_column = stats.swap_dims(0, 1).reshape([-1]);
     (0..c)
-        .map(|i| by_column.clone().narrow(0, i * n, n))
+        .map(|i| by_column.clone().slice(i * n..(i + 1) * n))
         .collect()
 }
 
