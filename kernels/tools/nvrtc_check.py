@@ -9,10 +9,10 @@ prepended), and checked to be exported. --full: each whole file instead (all ent
 writes those cubins for sm90_harness.py --cubin-dir). Exit status 0 only if everything compiles and exports.
 --cubecl DIR: instead, every CubeCL kernel source that cubecl-kernels/tests/codegen.rs wrote (DIR/sm_80/*.cu and
 DIR/sm_90/*.cu, one per kernel variant the crate launches), compiled as cubecl-cuda compiles them at run time
-(--gpu-architecture=sm_80, or sm_90a for 9.0; -lineinfo; the CUDA and CCCL headers): all of sm_90 to cubins, sm_80
-through the front end and each entry point's largest variant to a cubin (FULL_ARCH); HIP folders must be non-empty,
+(--gpu-architecture=sm_80, or sm_90a for 9.0; -lineinfo; the CUDA and CCCL headers); HIP folders must be non-empty,
 and where `hipcc` is on PATH their sources compile for their gfx target (device code, as hiprtc), except what that
-ROCm cannot build, which is said (hip_sources).
+ROCm cannot build, which is said (hip_sources). Every variant goes through the front end, and each entry point's
+largest variant to a binary (SYNTAX_ONLY).
 Usage: nvrtc_check.py [--full] [--out DIR] [--ptxas-v] [--verbose] | --cubecl DIR
 """
 import concurrent.futures
@@ -21,6 +21,7 @@ import collections
 import ctypes
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,11 +157,13 @@ def compile_cubin(src, name="kernel.cu", extra=(), arch="sm_90a"):
     return cubin.raw, log
 
 
-def hipcc(arch, path):
-    """Compiles one HIP source for `arch` (device code only, as hiprtc does at run time)."""
+def hipcc(arch, path, syntax_only=False):
+    """Compiles one HIP source for `arch` (device code only, as hiprtc does at run time), or with
+    `syntax_only` runs its front end alone."""
     with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run(["hipcc", f"--offload-arch={arch}", "--cuda-device-only", "-c", path, "-o",
-                            os.path.join(tmp, "k.o")], capture_output=True, text=True)
+        out = ["-fsyntax-only"] if syntax_only else ["-c", "-o", os.path.join(tmp, "k.o")]
+        r = subprocess.run(["hipcc", f"--offload-arch={arch}", "--cuda-device-only", path] + out,
+                           capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(r.stderr.strip()[:4000])
 
@@ -204,13 +207,14 @@ def hip_sources(arch, files):
     return jobs
 
 
-# CUDA architectures from which every variant is compiled to a cubin (the Hopper the device runs). Below it, every
-# variant goes through NVRTC's front end (types, overloads and the architecture's intrinsics resolved: where a
-# kernel breaks when a source change meets NVRTC), and the largest variant of each entry point through NVVM and
-# ptxas too: the variants of an entry point differ in comptime values, not in the instructions they may use, and
-# the front end is an eighth of a full compile.
-FULL_ARCH = 90
+# Every variant goes through the front end (types, overloads and the architecture's intrinsics resolved: where a
+# kernel breaks when a source change meets NVRTC or hipcc), and the largest variant of each entry point through
+# code generation too (NVVM and ptxas, or LLVM's AMDGPU back end): an entry point's variants differ in comptime
+# values, not in the instructions they may use, and code generation is most of a compile's time.
 SYNTAX_ONLY = ("-fdevice-syntax-only",)
+# HIP sources per front-end pass: hipcc spends about a second on the HIP headers, a tenth of that on a kernel.
+HIP_UNIT = 48
+ENTRY_NAME = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(')
 
 
 def largest_per_entry(sources):
@@ -223,10 +227,67 @@ def largest_per_entry(sources):
     return set(path for path, _ in largest.values())
 
 
+def one_unit(paths):
+    """Generated sources as one translation unit, so the headers are read once: each source in its own
+    namespace, its entry point renamed (C linkage ignores namespaces)."""
+    includes, bodies = [], []
+    for i, path in enumerate(paths):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        includes += [l for l in lines if l.startswith("#include") and l not in includes]
+        body = "\n".join(l for l in lines if not l.startswith("#include"))
+        entries = ENTRY_NAME.findall(body)
+        if len(entries) != 1:
+            raise RuntimeError(f"{path}: {len(entries)} entry points, expected one")
+        bodies.append(f"#define {entries[0]} unit{i}_{entries[0]}\nnamespace unit{i} {{\n{body}\n}}\n"
+                      f"#undef {entries[0]}\n")
+    return "\n".join(includes) + "\n" + "".join(bodies)
+
+
+def hip_front_end(arch, paths):
+    """hipcc's front end over `paths` in one unit; on failure, each source alone, to name the ones at fault."""
+    with tempfile.TemporaryDirectory() as tmp:
+        unit = os.path.join(tmp, "unit.hip")
+        with open(unit, "w") as f:
+            f.write(one_unit(paths))
+        try:
+            hipcc(arch, unit, syntax_only=True)
+            return []
+        except RuntimeError as unit_error:
+            failures = []
+            for path in paths:
+                try:
+                    hipcc(arch, path, syntax_only=True)
+                except RuntimeError as e:
+                    failures.append((path, e))
+            return failures or [(unit, unit_error)]
+
+
+def pool():
+    """Worker processes, one per core: NVRTC compiles one program at a time per process."""
+    return concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 2)
+
+
+def cubecl_job(job):
+    """One job of check_cubecl: a source to a binary, or sources through the front end. Returns failures."""
+    kind, arch, paths, root = job
+    try:
+        if arch.startswith("gfx"):
+            if kind == "full":
+                hipcc(arch, paths[0])
+                return []
+            return [f"FAIL {arch} {os.path.relpath(p, root)}: {e}" for p, e in hip_front_end(arch, paths)]
+        with open(paths[0]) as f:
+            compile_cubin(f.read(), os.path.basename(paths[0]), () if kind == "full" else SYNTAX_ONLY, arch=arch)
+        return []
+    except (RuntimeError, OSError) as e:
+        return [f"FAIL {arch} {os.path.relpath(paths[0], root)}: {e}"]
+
+
 def check_cubecl(root):
-    """Every CUDA source under root/sm_*/ compiled by NVRTC for its folder's architecture (each
-    distinct source once per architecture); every HIP folder non-empty, its sources compiled by
-    hipcc where one is installed (hip_sources). Returns True when all pass."""
+    """Every CUDA source under root/sm_*/ through NVRTC for its folder's architecture (each distinct source
+    once), every HIP folder non-empty and its sources through hipcc where one is installed (hip_sources):
+    all through the front end, each entry point's largest variant to a binary. Returns True when all pass."""
     ok, jobs = True, []
     for arch_dir in sorted(glob.glob(os.path.join(root, "*"))):
         arch = os.path.basename(arch_dir)
@@ -235,44 +296,49 @@ def check_cubecl(root):
             print(f"FAIL {arch}: no kernel sources in {arch_dir}", flush=True)
             ok = False
             continue
-        if not arch.startswith("sm_"):
-            hip_jobs = [job + (True,) for job in hip_sources(arch, files)]
-            jobs += hip_jobs
-            if hip_jobs:
-                print(f"     {arch}: {len(files)} HIP kernels, {len(hip_jobs)} compiled by hipcc", flush=True)
-            continue
-        nv_arch = arch + ("a" if int(arch[3:]) >= 90 else "")
         seen = {}
-        for path in files:
-            with open(path) as f:
-                src = f.read()
-            seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
-        full = (set(path for path, _ in seen.values()) if int(arch[3:]) >= FULL_ARCH
-                else largest_per_entry(seen.values()))
-        jobs += [(nv_arch, path, src, path in full) for path, src in seen.values()]
-        print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources, {len(full)} of them to cubins"
-              + (", the others through the front end" if len(full) < len(seen) else ""), flush=True)
-
-    def one(job):
-        nv_arch, path, src, full = job
-        try:
-            if nv_arch.startswith("gfx"):
-                hipcc(nv_arch, path)
-            else:
-                compile_cubin(src, os.path.basename(path), () if full else SYNTAX_ONLY, arch=nv_arch)
-            return None
-        except (RuntimeError, OSError) as e:
-            return f"FAIL {nv_arch} {os.path.relpath(path, root)}: {e}"
+        if arch.startswith("sm_"):
+            nv_arch = arch + ("a" if int(arch[3:]) >= 90 else "")
+            for path in files:
+                with open(path) as f:
+                    src = f.read()
+                seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
+        else:
+            nv_arch = arch
+            for _, path, src in hip_sources(arch, files):
+                seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
+            if not seen:
+                continue
+        full = largest_per_entry(seen.values())
+        rest = [path for path, _ in seen.values() if path not in full]
+        jobs += [("full", nv_arch, [path], root) for path in sorted(full)]
+        if arch.startswith("sm_"):
+            jobs += [("front", nv_arch, [path], root) for path in rest]
+        else:
+            jobs += [("front", nv_arch, rest[i:i + HIP_UNIT], root) for i in range(0, len(rest), HIP_UNIT)]
+        print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources compiled, {len(full)} of them "
+              f"(each entry point's largest) to binaries, the others through the front end", flush=True)
 
     t = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        failures = [r for r in pool.map(one, jobs) if r]
+    with pool() as workers:
+        failures = [f for r in workers.map(cubecl_job, jobs) for f in r]
     for failure in failures:
         # The source is in the file; the log's first lines say why.
         print(failure[:4000], flush=True)
-    print(f"{'OK  ' if not failures else 'FAIL'} {len(jobs) - len(failures)}/{len(jobs)} CubeCL CUDA/HIP sources compile "
+    sources = sum(len(job[2]) for job in jobs)
+    print(f"{'OK  ' if not failures else 'FAIL'} {sources - len(failures)}/{sources} CubeCL CUDA/HIP sources compile "
           f"({time.time() - t:.0f}s)", flush=True)
     return ok and not failures
+
+
+def sm90_job(job):
+    """One entry point (or file) of kernels/ to a cubin: (cubin, log, seconds), or the error."""
+    cu, sel, _, extra = job
+    t = time.time()
+    try:
+        return compile_cubin(kernel_source(cu, sel), cu, extra) + (time.time() - t,)
+    except (RuntimeError, OSError) as e:
+        return e
 
 
 def main():
@@ -285,25 +351,27 @@ def main():
     if "--out" in sys.argv:
         out_dir = sys.argv[sys.argv.index("--out") + 1]
         os.makedirs(out_dir, exist_ok=True)
+    jobs = [(cu, sel, expect) for cu, entries in SOURCES.items()
+            for sel, expect in ([(None, entries)] if full or cu in STANDALONE else [(e, [e]) for e in entries])]
+
     ok = True
-    for cu, entries in SOURCES.items():
-        jobs = [(None, entries)] if full or cu in STANDALONE else [(e, [e]) for e in entries]
-        for sel, expect in jobs:
+    with pool() as workers:
+        results = workers.map(sm90_job, [job + (extra,) for job in jobs])  # printed in table order
+        for (cu, sel, expect), result in zip(jobs, results):
             label = cu if sel is None else f"{cu}:{sel}"
-            t = time.time()
-            try:
-                cubin, log = compile_cubin(kernel_source(cu, sel), cu, extra)
-            except (RuntimeError, OSError) as e:
-                print(f"FAIL {label}: {e}", flush=True)
+            if isinstance(result, Exception):
+                print(f"FAIL {label}: {result}", flush=True)
                 ok = False
                 continue
+            cubin, log, seconds = result
+            entries = SOURCES[cu]
             missing = [e for e in expect if e.encode() + b"\0" not in cubin]
             others = [e for e in entries if e not in expect and e.encode() + b"\0" in cubin]
             if missing:
                 print(f"FAIL {label}: entry points missing from cubin: {missing}", flush=True)
                 ok = False
             else:
-                print(f"OK   {label}: {len(cubin)} bytes cubin, {len(expect)} entry point(s), {time.time()-t:.1f}s"
+                print(f"OK   {label}: {len(cubin)} bytes cubin, {len(expect)} entry point(s), {seconds:.1f}s"
                       + (f" (also has {len(others)} unselected)" if others else ""), flush=True)
             if "C7508" in log or "warning" in log.lower():
                 print(log)
