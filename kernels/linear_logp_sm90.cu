@@ -98,6 +98,9 @@ __device__ __forceinline__ u32 mix32(u32 x) {  // Wellons' lowbias32
   return x ^ (x >> 16);
 }
 
+// The hash of vocabulary column j in the row whose word is rw: what the noise and its cap are drawn from.
+__device__ __forceinline__ u32 noise_hash(u32 rw, u32 j) { return mix32(mix32(rw ^ j)); }
+
 __device__ __forceinline__ u32 row_word(u32 seed_lo, u32 seed_hi, u32 key) {
   return mix32(mix32(mix32(seed_hi) ^ seed_lo) ^ key);
 }
@@ -127,7 +130,7 @@ __device__ __forceinline__ float ln_p(float x) {
 
 // Gumbel noise of vocabulary column j in the row whose word is rw: -ln(-ln U), U = (2 (h >> 9) + 1) 2^-24.
 __device__ __forceinline__ float gumbel(u32 rw, u32 j) {
-  const u32 h = mix32(mix32(rw ^ j));
+  const u32 h = noise_hash(rw, j);
   const float u = __fmul_rn((float)(2u * (h >> 9) + 1u), __int_as_float(0x33800000));
   return -ln_p(-ln_p(u));
 }
@@ -144,7 +147,7 @@ __device__ __forceinline__ float gumbel(u32 rw, u32 j) {
 // U there): k the leading ones of m = h >> 9 as a 23-bit number puts U below 1 - 2^-(k+1), so G below
 // (k + 1) ln 2. A hash and a count instead of two logarithms for the columns that cannot win.
 __device__ __forceinline__ float gumbel_cap(u32 rw, u32 j) {
-  const u32 m = mix32(mix32(rw ^ j)) >> 9;
+  const u32 m = noise_hash(rw, j) >> 9;
   return __fmul_rn((float)(__clz((int)~(m << 9)) + 1), LOGP_NOISE_CAP_STEP);
 }
 // Vocabulary index of "no candidate" (V <= 2^24; exact in f32).
@@ -168,14 +171,29 @@ struct Pick {
   }
 };
 
+// The fewest leading ones of a column's hash (gumbel_cap's count) that can bring a z of the tile to `need`: every
+// z is at most zmax, and rounding is monotone, so a column with fewer cannot. 24: none can; a NaN zmax bounds
+// nothing (0). From the quotient, then checked both ways (the test is monotone in k; rounding moves it a step).
+__device__ __forceinline__ bool cap_reaches(float zmax, int k, float need) {
+  return __fadd_rn(zmax, __fmul_rn((float)(k + 1), LOGP_NOISE_CAP_STEP)) >= need;
+}
+__device__ __forceinline__ int cap_threshold(float zmax, float need) {
+  if (zmax != zmax) return 0;
+  int k = (int)fminf(fmaxf(ceilf(__fdividef(need - zmax, LOGP_NOISE_CAP_STEP)) - 1.f, 0.f), 24.f);
+  while (k > 0 && cap_reaches(zmax, k - 1, need)) --k;
+  while (k < 24 && !cap_reaches(zmax, k, need)) ++k;
+  return k;
+}
+
 // The sampler's candidates of one row (i) of a consumer's tile: z exactly as the target logit (acc * inv_t);
-// without noise each z is offered as its own key; with noise the Gumbel key only where z + NOISE_MAX, then z +
-// the column's gumbel_cap, reaches both the best key and `bar` (others cannot win), one column at a time from a
-// mask, the row's 64 accumulators read back from local memory: one copy of the noise code, not one per
-// unrolled column.
+// without noise each z is offered as its own key; with noise a column is live where z + NOISE_MAX reaches
+// `need` (the best key and `bar`; others cannot win) and its hash has the leading ones that cap_threshold asks
+// (one compare per column instead of the cap's arithmetic); then the live columns one at a time from a mask,
+// each through the exact cap test against the best key and, past it, the noise, the row's 64 accumulators read
+// back from local memory: one copy of the noise code, not one per unrolled column.
 template <class G>
-__device__ __forceinline__ void offer_tile(const float (&acc)[G::NACC], int i, int cb, float inv_t, float bar,
-                                           u32 rw, bool noise, Pick& best) {
+__device__ __forceinline__ void offer_tile(const float (&acc)[G::NACC], int i, int cb, float inv_t, float zmax,
+                                           float bar, u32 rw, bool noise, Pick& best) {
   if (!noise) {
 #pragma unroll
     for (int j = 0; j < G::BN / 8; ++j)
@@ -186,17 +204,18 @@ __device__ __forceinline__ void offer_tile(const float (&acc)[G::NACC], int i, i
       }
     return;
   }
+  const float need = fmaxf(best.key, bar);
+  const int k = cap_threshold(zmax, need);
+  if (k > 23) return;
+  const u32 ones = k == 0 ? 0u : ~0u << (32 - k);  // a hash at or above it leads with k ones
   u64 live = 0;
 #pragma unroll
   for (int j = 0; j < G::BN / 8; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float z = __fmul_rn(acc[4 * j + 2 * i + h], inv_t);
-      const float reach = __fadd_rn(z, LOGP_NOISE_MAX);
-      if (reach >= best.key && reach >= bar) {
-        const float capped = __fadd_rn(z, gumbel_cap(rw, (u32)(cb + 8 * j + h)));
-        if (capped >= best.key && capped >= bar) live |= 1ull << (2 * j + h);
-      }
+      if (__fadd_rn(z, LOGP_NOISE_MAX) >= need && noise_hash(rw, (u32)(cb + 8 * j + h)) >= ones)
+        live |= 1ull << (2 * j + h);
     }
   if (!live) return;
   float zrow[G::BN / 4];
@@ -356,14 +375,21 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
             mrun[i] = mnew;
           }
           if constexpr (SAMPLE) {
-            // The bar of the noisy keys: the quad's largest z so far plus NOISE_MIN (all lanes shuffle).
-            const float mq = fmaxf(mrun[i], __shfl_xor_sync(0xffffffffu, mrun[i], 1));
-            float bar = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2)) + LOGP_NOISE_MIN;
-            if (bar != bar) bar = IB_NEG_INF;  // a NaN logit ranks nothing and bars nothing
-            // A tile whose largest z cannot reach the best key is skipped (a NaN max is not).
-            const float reach_max = __fadd_rn(__fmul_rn(mx, inv_t), p.noise ? LOGP_NOISE_MAX : 0.f);
-            if (row[i] < N && !(reach_max < best[i].key))
-              offer_tile<G>(acc, i, cb, inv_t, p.noise ? bar : IB_NEG_INF, rw[i], p.noise, best[i]);
+            // The bar of the noisy keys (all lanes shuffle): the quad's largest z so far plus NOISE_MIN, and the
+            // quad's best key, a candidate of the row too (a column below both cannot win; ties pass: >=).
+            float bar = IB_NEG_INF;
+            if (p.noise) {
+              const float mq = fmaxf(mrun[i], __shfl_xor_sync(0xffffffffu, mrun[i], 1));
+              bar = fmaxf(mq, __shfl_xor_sync(0xffffffffu, mq, 2)) + LOGP_NOISE_MIN;
+              if (bar != bar) bar = IB_NEG_INF;  // a NaN logit ranks nothing and bars nothing
+              const float bq = fmaxf(best[i].key, __shfl_xor_sync(0xffffffffu, best[i].key, 1));
+              bar = fmaxf(bar, fmaxf(bq, __shfl_xor_sync(0xffffffffu, bq, 2)));
+            }
+            // A tile whose largest z cannot reach the best key or the bar is skipped (a NaN max is not).
+            const float zmax = __fmul_rn(mx, inv_t);
+            const float reach_max = __fadd_rn(zmax, p.noise ? LOGP_NOISE_MAX : 0.f);
+            if (row[i] < N && !(reach_max < fmaxf(best[i].key, bar)))
+              offer_tile<G>(acc, i, cb, inv_t, zmax, bar, rw[i], p.noise, best[i]);
           }
           // target logit: taken from the same f32 accumulator the softmax used
           const int tl = tgt[i] - n0;

@@ -8,7 +8,8 @@ data, the f32 references and the cuBLAS timings.
 Usage: sm90_harness.py [--cubin-dir D] [--only MODES]   (default MODES = gemm,logp,perf)
 MODES (comma-separated): gemm, logp (correctness/invariance checks), perf (timings vs cuBLAS), logppp (the
 ping-pong logp forward = the plain one bitwise, both timed beside cuBLAS), samplepp (the same for the sampler's
-pass, Gumbel and greedy), samplemerge (the segment merges against --old-cubin's, bitwise, both timed), perfbwd (NT/TN
+pass, Gumbel and greedy), samplepass (the sampler's pass against --old-cubin's, bitwise, both timed), samplemerge
+(the segment merges against --old-cubin's, bitwise, both timed), perfbwd (NT/TN
 and logp-backward parts separately), ksweep (time vs K), prof (one launch each, for ncu), sanitize (small
 shapes through every entry point, for compute-sanitizer), attn (attention forward: correctness vs f64 and
 bitwise invariance: decode = prefill, row alone = ragged batch, chunked prefill, reruns, NaN past kv_len),
@@ -1217,6 +1218,68 @@ def sample_merge():
         del W
 
 
+def sample_pass_vs_old():
+    """The sampler's pass of this build against another build's (--old-cubin FILE: a whole-file linear_logp_sm90
+    cubin from nvrtc_check.py --full --out): from the same inputs, the same partials (the segments' softmax sums
+    and candidates) bitwise, Gumbel and greedy, with and without the entropy, 128-row and ping-pong, logits flat
+    and peaked, with a bias and a NaN row; then both timed at D 4096, V 128256 (rows of --rows) beside cuBLAS."""
+    print("\n== linear_sample pass: this build vs --old-cubin ==", flush=True)
+    mod = ctypes.c_void_p()
+    ck(_cu.cuModuleLoadData(ctypes.byref(mod), open(arg("--old-cubin"), "rb").read()), "cuModuleLoadData(old)")
+    ent_flag = CONSTANTS["LOGP_ENTROPY"]
+
+    def prepare(H, W, b, keys, noise, ent, pp, seed):
+        """The pass's launch, this build's and the old one's, each with its own partials."""
+        N, D = H.shape; V = W.shape[0]
+        e = "_ent" if ent else ""
+        entry = ENTRIES[f"ib_logp_sample{'_pp' if pp else ''}{e}_{sfx(H.dtype)}"]
+        nseg = -(-V // SEG)
+        flags = (ent_flag if ent else 0) | (1 if b is not None else 0)
+        p = struct.pack("<IIIIqfIIIII", N, V, D, flags, 0, 0.8, 0, seed, 0, noise, 0)
+        runs = []
+        for which in ("new", "old"):
+            outs = [torch.full((nseg * N * 2,), float("nan"), device="cuda"),
+                    torch.full((nseg * N,), float("nan"), device="cuda"),
+                    torch.full((nseg * N * 4,), float("nan"), device="cuda")]
+            l = Launch(entry.file, entry.name, pass_grid(entry, N, nseg, pp), entry.threads, entry.smem,
+                       [tmap(H, N, D, D), tmap(W, V, D, D)], [H, W, H, W, b, keys] + outs, p)
+            if which == "old":
+                l.f = ctypes.c_void_p()
+                ck(_cu.cuModuleGetFunction(ctypes.byref(l.f), mod, entry.name.encode()), f"old {entry.name}")
+                ck(_cu.cuFuncSetAttribute(l.f, 8, entry.smem), "cuFuncSetAttribute(old)")
+            runs.append((l, outs if ent else outs[:1] + outs[2:]))
+        return runs
+
+    for dt in (torch.bfloat16, torch.float16):
+        for (N, D, V) in ((1, 64, 1000), (37, 136, 50021), (64, 4096, 128256), (130, 64, 2049), (1000, 512, 32771)):
+            for logits, scale in (("flat", 0.002), ("peaked", 0.5)):
+                H = rnd(N, D, dt=dt); W = rnd(V, D, dt=dt, scale=scale); b = rnd(V, dt=dt, scale=scale)
+                if N > 2:
+                    H[N // 2, 3] = float("nan")
+                keys = torch.arange(N, device="cuda", dtype=torch.int32) * 7 + 3
+                for noise, ent, pp, bias, seed in ((1, False, False, b, 1), (1, True, True, None, 2),
+                                                   (1, False, True, b, 3), (0, False, True, b, 4)):
+                    runs = prepare(H, W, bias, keys, noise, ent, pp, seed)
+                    for l, _ in runs:
+                        l()
+                    torch.cuda.synchronize()
+                    same = all(torch.equal(x.view(torch.int32), y.view(torch.int32))
+                               for x, y in zip(runs[0][1], runs[1][1]))
+                    check(f"sample pass = old {dt} {logits} N={N} D={D} V={V} noise={noise} ent={ent} pp={pp} "
+                          f"bias={bias is not None}", same)
+    W = {"flat": rnd(128256, 4096, scale=0.002), "peaked": rnd(128256, 4096, scale=0.5)}
+    for N in (int(n) for n in (arg("--rows") or "64,4096").split(",")):
+        H = rnd(N, 4096)
+        keys = torch.arange(N, device="cuda", dtype=torch.int32)
+        for logits, w in W.items():
+            t_cb = bench(lambda: torch.matmul(H, w.t()))
+            for noise, rule in ((1, "gumbel"), (0, "greedy")):
+                (new, _), (old, _) = prepare(H, w, None, keys, noise, False, N <= 4096, 1)
+                t_new, t_old = bench_pair(new, old)
+                print(f"RESULT sample pass {rule} {logits} N={N}: new {t_new:.4f} ms, old {t_old:.4f} ms, cuBLAS GEMM "
+                      f"{t_cb:.4f} ms; new/GEMM {t_new / t_cb:.3f}, old/GEMM {t_old / t_cb:.3f}", flush=True)
+
+
 def sample_pingpong():
     """The sampler's pass with ping-pong consumers against the 128-row one: same tokens and log-probs, bitwise,
     then both timed (Gumbel and greedy) beside one cuBLAS GEMM, at the rows of --rows."""
@@ -1358,6 +1421,10 @@ def sanitize():
         tg = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32); tg[0] = -100; tg[1] = V + 3
         lp, lse = logp_fwd(H, W, tg, b, -100)
         logp_bwd(H, W, tg, lse, torch.randn(N, device="cuda"), torch.randn(N, device="cuda"), b, -100, tchunk=128, vchunk=512)
+        keys = torch.arange(N, device="cuda", dtype=torch.int32)
+        for noise in (0, 1):
+            for pp in (False, True):
+                sample_pass(H, W, keys, noise, pp)
         for D in (64, 128):
             q = rnd(2, 8, 37, D, dt=dt); k = rnd(2, 2, 150, D, dt=dt); v = rnd(2, 2, 150, D, dt=dt)
             for causal in (True, False):
@@ -1392,6 +1459,8 @@ if __name__ == "__main__":
         logp_pingpong()
     if "samplepp" in ONLY:
         sample_pingpong()
+    if "samplepass" in ONLY:
+        sample_pass_vs_old()
     if "samplemerge" in ONLY:
         sample_merge()
     if "ksweep" in ONLY:
