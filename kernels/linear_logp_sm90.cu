@@ -376,7 +376,7 @@ __device__ __forceinline__ void logp_fwd_body(const TmaDesc* tmH, const TmaDesc*
           }
           if constexpr (SAMPLE) {
             // The bar of the noisy keys (all lanes shuffle): the quad's largest z so far plus NOISE_MIN, and the
-            // quad's best key, a candidate of the row too (a column below both cannot win; ties pass: >=).
+            // quad's best key, a candidate of the row too (a column below either cannot win; ties pass: >=).
             float bar = IB_NEG_INF;
             if (p.noise) {
               const float mq = fmaxf(mrun[i], __shfl_xor_sync(0xffffffffu, mrun[i], 1));

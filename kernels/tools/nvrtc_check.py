@@ -207,10 +207,11 @@ def hip_sources(arch, files):
     return jobs
 
 
-# Every variant goes through the front end (types, overloads and the architecture's intrinsics resolved: where a
-# kernel breaks when a source change meets NVRTC or hipcc), and the largest variant of each entry point through
-# code generation too (NVVM and ptxas, or LLVM's AMDGPU back end): an entry point's variants differ in comptime
-# values, not in the instructions they may use, and code generation is most of a compile's time.
+# Every variant goes through the front end (types and overloads resolved, and on NVRTC the architecture's
+# intrinsics: where a kernel breaks when a source change meets NVRTC or hipcc), and the largest variant of each
+# entry point through code generation too (NVVM and ptxas, or LLVM's AMDGPU back end, where hipcc checks target
+# builtins): an entry point's variants differ in comptime values, not in the instructions they may use, and code
+# generation is most of a compile's time.
 SYNTAX_ONLY = ("-fdevice-syntax-only",)
 # HIP sources per front-end pass: hipcc spends about a second on the HIP headers, a tenth of that on a kernel.
 HIP_UNIT = 48
@@ -245,12 +246,13 @@ def one_unit(paths):
 
 
 def hip_front_end(arch, paths):
-    """hipcc's front end over `paths` in one unit; on failure, each source alone, to name the ones at fault."""
+    """hipcc's front end over `paths` in one unit; where the unit fails (or cannot be formed), each source alone,
+    to name the ones at fault. A unit that fails while every source passes alone is a failure of its own."""
     with tempfile.TemporaryDirectory() as tmp:
         unit = os.path.join(tmp, "unit.hip")
-        with open(unit, "w") as f:
-            f.write(one_unit(paths))
         try:
+            with open(unit, "w") as f:
+                f.write(one_unit(paths))
             hipcc(arch, unit, syntax_only=True)
             return []
         except RuntimeError as unit_error:
@@ -260,12 +262,13 @@ def hip_front_end(arch, paths):
                     hipcc(arch, path, syntax_only=True)
                 except RuntimeError as e:
                     failures.append((path, e))
-            return failures or [(unit, unit_error)]
+            return failures or [(paths[0], f"the unit of {len(paths)} sources from this one fails, each alone "
+                                            f"passes:\n{unit_error}")]
 
 
 def pool():
     """Worker processes, one per core: NVRTC compiles one program at a time per process."""
-    return concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 2)
+    return concurrent.futures.ProcessPoolExecutor(max_workers=len(os.sched_getaffinity(0)))
 
 
 def cubecl_job(job):
@@ -315,7 +318,13 @@ def check_cubecl(root):
         if arch.startswith("sm_"):
             jobs += [("front", nv_arch, [path], root) for path in rest]
         else:
-            jobs += [("front", nv_arch, rest[i:i + HIP_UNIT], root) for i in range(0, len(rest), HIP_UNIT)]
+            # A unit holds sources with the same includes, so none compiles with a header it lacks.
+            by_includes = collections.defaultdict(list)
+            for path, src in seen.values():
+                if path not in full:
+                    by_includes[tuple(l for l in src.splitlines() if l.startswith("#include"))].append(path)
+            jobs += [("front", nv_arch, group[i:i + HIP_UNIT], root)
+                     for group in by_includes.values() for i in range(0, len(group), HIP_UNIT)]
         print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources compiled, {len(full)} of them "
               f"(each entry point's largest) to binaries, the others through the front end", flush=True)
 

@@ -1224,6 +1224,8 @@ def sample_pass_vs_old():
     and candidates) bitwise, Gumbel and greedy, with and without the entropy, 128-row and ping-pong, logits flat
     and peaked, with a bias and a NaN row; then both timed at D 4096, V 128256 (rows of --rows) beside cuBLAS."""
     print("\n== linear_sample pass: this build vs --old-cubin ==", flush=True)
+    if not arg("--old-cubin"):
+        sys.exit("samplepass needs --old-cubin FILE (nvrtc_check.py --out of the build to compare against)")
     mod = ctypes.c_void_p()
     ck(_cu.cuModuleLoadData(ctypes.byref(mod), open(arg("--old-cubin"), "rb").read()), "cuModuleLoadData(old)")
     ent_flag = CONSTANTS["LOGP_ENTROPY"]

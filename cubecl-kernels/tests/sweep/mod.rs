@@ -2,7 +2,7 @@
 //! variant the crate picks on the given client, launched once through the public functions.
 //!
 //! Nothing is read back or checked: a runtime that compiles kernels instead of running them
-//! (CUDA / HIP source from a recording server) catches every variant its compilers reject, and a
+//! (CUDA / HIP source from a recording server) hands every variant to the compiler checks, and a
 //! real device at least runs each variant once. Buffers are allocated with `client.empty` and hold
 //! whatever the runtime gives; the kernels guard every index, so no value can send them out of
 //! bounds. Every `Result` is unwrapped with the variant in the message: a refused launch is a
