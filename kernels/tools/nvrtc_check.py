@@ -299,32 +299,32 @@ def check_cubecl(root):
             print(f"FAIL {arch}: no kernel sources in {arch_dir}", flush=True)
             ok = False
             continue
-        seen = {}
-        if arch.startswith("sm_"):
+        cuda = arch.startswith("sm_")
+        if cuda:
             nv_arch = arch + ("a" if int(arch[3:]) >= 90 else "")
+            sources = []
             for path in files:
                 with open(path) as f:
-                    src = f.read()
-                seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
+                    sources.append((path, f.read()))
         else:
             nv_arch = arch
-            for _, path, src in hip_sources(arch, files):
-                seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
-            if not seen:
+            sources = [(path, src) for _, path, src in hip_sources(arch, files)]
+            if not sources:
                 continue
+        seen = {}
+        for path, src in sources:
+            seen.setdefault(hashlib.sha256(src.encode()).hexdigest(), (path, src))
         full = largest_per_entry(seen.values())
-        rest = [path for path, _ in seen.values() if path not in full]
         jobs += [("full", nv_arch, [path], root) for path in sorted(full)]
-        if arch.startswith("sm_"):
-            jobs += [("front", nv_arch, [path], root) for path in rest]
-        else:
-            # A unit holds sources with the same includes, so none compiles with a header it lacks.
-            by_includes = collections.defaultdict(list)
-            for path, src in seen.values():
-                if path not in full:
-                    by_includes[tuple(l for l in src.splitlines() if l.startswith("#include"))].append(path)
-            jobs += [("front", nv_arch, group[i:i + HIP_UNIT], root)
-                     for group in by_includes.values() for i in range(0, len(group), HIP_UNIT)]
+        # One source per NVRTC job; a HIP unit holds sources with the same includes, so none compiles with a
+        # header it lacks.
+        units = collections.defaultdict(list)
+        for path, src in seen.values():
+            if path not in full:
+                units[path if cuda else tuple(l for l in src.splitlines() if l.startswith("#include"))].append(path)
+        size = 1 if cuda else HIP_UNIT
+        jobs += [("front", nv_arch, unit[i:i + size], root)
+                 for unit in units.values() for i in range(0, len(unit), size)]
         print(f"     {arch}: {len(files)} kernels, {len(seen)} distinct sources compiled, {len(full)} of them "
               f"(each entry point's largest) to binaries, the others through the front end", flush=True)
 
