@@ -21,7 +21,10 @@
 //!   or a bool mask for ragged decode) and plain tensor ops for RMSNorm; `BurnUser`: the same
 //!   under `Autodiff<Fusion<..>>` (forward + backward).
 //!
-//! With `BURN_INVARIANT_IMPL` set, the ours-names get `@<value>` appended.
+//! With `BURN_INVARIANT_IMPL` set, the ours-names get `@<value>` appended. With
+//! `ATTN_ASYNC_STAGING=1`, the prefill adds `InvariantAsyncStaging`: `Invariant`'s forward
+//! with the CubeCl tensor-core forward copying K and V by `cp.async` in cubes of twelve warps
+//! (`with_async_staging`; the same bits), timed in the same process.
 //!
 //! Cases: causal prefill B = 8, H = 32, KH = 8, Dh = 128 at S = 2048 and 4096 (`op=attn_prefill_fwd`,
 //! `attn_prefill_fwd_bwd`); decode B = 64, Q = 1, KV = 4096 with every key valid
@@ -334,6 +337,21 @@ fn prefill_cases(device: &cubecl::cuda::CudaDevice) {
                 0.0,
                 || public_attention(&q, &k, &v),
             );
+            if std::env::var("ATTN_ASYNC_STAGING").is_ok_and(|v| v == "1") {
+                case::<Raw>(
+                    device,
+                    "attn_prefill_fwd",
+                    &ours("InvariantAsyncStaging"),
+                    &shape,
+                    flops,
+                    0.0,
+                    || {
+                        burn_invariant_cubecl::attention::with_async_staging(|| {
+                            public_attention(&q, &k, &v)
+                        })
+                    },
+                );
+            }
             let imp = chosen::<Raw>(Op::Attention, device);
             let lens = int_tensor::<Raw>(vec![s as i64; b], device);
             let grad = random::<Raw, 4>([b, h, s, d], device);

@@ -1324,6 +1324,36 @@ fn tc_path_is_taken_on<R: Runtime>(client: &ComputeClient<R>) {
         FloatDType::F32,
         64
     ));
+    assert!(
+        attention_forward_copies_async(client),
+        "expected the tensor-core forward to stage K and V by cp.async"
+    );
+}
+
+/// K and V staged by `cp.async` and through registers give the same bits: one cube per tile
+/// and by parts past a split, 64-row and 16-row (decode) tiles, ragged lengths with NaN past
+/// them.
+#[cfg(feature = "cuda")]
+fn tc_staging_changes_no_bit_on<R: Runtime>(client: &ComputeClient<R>) {
+    let kv = ATTENTION_KEY_SPLIT + 301;
+    for dt in [Dt::F16, Dt::BF16] {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for q in [kv, 1] {
+                    let mut p = Problem::new(61, 2, 8, 2, q, kv, d, causal, dt)
+                        .with_lens(&[kv as i32, 700]);
+                    p.poison_past_lens();
+                    for ex in [SplitExecution::InCube, SplitExecution::Parts] {
+                        let what = format!("tc staging {dt:?} D={d} causal={causal} Q={q} {ex:?}");
+                        let copied = with_async_staging(|| forward_with(client, &p, ex));
+                        let staged = forward_with(client, &p, ex);
+                        assert_bits(&format!("{what} out"), &copied.out, &staged.out);
+                        assert_bits(&format!("{what} lse"), &copied.lse, &staged.lse);
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn tc_problem(seed: u64, d: usize, causal: bool, dt: Dt) -> Problem {
@@ -1521,6 +1551,7 @@ fn attention_tc_cuda() {
         tc_values_on(client, &[Dt::F16, Dt::BF16]);
         tc_decode_equals_prefill_on(client);
         tc_long_keys_on(client);
+        tc_staging_changes_no_bit_on(client);
         tc_batch_invariance_on(client, &[Dt::F16, Dt::BF16]);
         tc_backward_invariance_on(client, &[Dt::F16, Dt::BF16]);
     });

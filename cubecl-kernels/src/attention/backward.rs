@@ -147,6 +147,8 @@ fn launch_tc<R: Runtime>(
         ),
         // Inactive rows must stage as zeros (padding is NaN).
         clamped: false,
+        async_copy: false,
+        warps: TC_WARPS,
     };
     let tiles = match pass {
         TcPass::Dq => (d.group() * d.q_len).div_ceil(cfg.rows()),

@@ -6,8 +6,9 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_WARPS, TcCfg, attention_tc_forward_kernel, attention_tc_merge_kernel, split_workspace_len,
-    tc_forward_supported, tc_split, tc_vector,
+    TC_VECTOR, TC_WARPS, TC_WIDE_WARPS, TcCfg, attention_tc_forward_kernel,
+    attention_tc_merge_kernel, split_workspace_len, tc_forward_shared, tc_forward_supported,
+    tc_split, tc_vector,
 };
 use super::tile::{
     AttnCfg, AttnInputs, AttnOutputs, AttnOutputsLaunch, AttnParams, DC, KEY_BLOCK, KEY_SPLIT,
@@ -19,6 +20,28 @@ use crate::error::KernelError;
 use crate::gemm::fma::fma_f32;
 use crate::util::{FloatDType, check_out_view, expect_shape, launch_chunks, raw_arg};
 use cubecl::prelude::*;
+
+thread_local! {
+    static ASYNC_STAGING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test and perf hook: runs `f` with this thread's tensor-core forward copying K and V by
+/// `cp.async` where they travel as 16-byte vectors (and then in cubes of twelve warps where the
+/// device has room), instead of staging them through registers in cubes of four warps, so that
+/// tests and benchmarks can compare the two (the same bits). The copied path is off by default
+/// until it has run on a GPU. Other threads are unaffected; the previous setting is restored
+/// when `f` returns or unwinds.
+#[doc(hidden)]
+pub fn with_async_staging<T>(f: impl FnOnce() -> T) -> T {
+    crate::util::with_thread_flag(&ASYNC_STAGING, f)
+}
+
+/// Whether the tensor-core forward stages K and V by `cp.async` on this client where they
+/// travel as 16-byte vectors (else through registers; the same bits).
+#[doc(hidden)]
+pub fn attention_forward_copies_async<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    client.properties().features.copy_async
+}
 
 /// Forward: `out [B, H, Q, D]` (the inputs' dtype, every element written) and
 /// `lse [B, H, Q]` (f32). The arithmetic is docs/CONTRACT.md's *attention semantics*, element
@@ -127,8 +150,52 @@ struct TcOutputs<'a, R: Runtime> {
     execution: SplitExecution,
 }
 
-/// The tensor-core forward ([`super::tc_forward`]): one cube of 4 warps per 64 rows of a KV
-/// group, or per 16 rows (the warps splitting the columns) where the group has at most 16; with
+/// The tensor-core forward's tiling and staging for these inputs (every choice changes no bit):
+/// 16 rows per cube where the group has at most 16 (the warps splitting the columns), else 16 per
+/// warp; K and V copied by `cp.async` where they travel as 16-byte vectors and
+/// [`with_async_staging`] asks for it, and then twelve warps per cube where the device has room,
+/// else four.
+fn tc_config<R: Runtime>(
+    client: &ComputeClient<R>,
+    inputs: &AttentionRefs<'_, R>,
+    c: &Checked,
+) -> TcCfg {
+    let dims = c.dims;
+    let mut cfg = TcCfg {
+        d: dims.head_dim,
+        causal: c.causal,
+        emulate: c.cfg(client, 1).emulate,
+        split: tc_split(dims.group() * dims.q_len, dims.head_dim),
+        // 16-byte loads where Q, K and V allow them; only how bytes travel changes.
+        vec: tc_vector(
+            &[
+                (inputs.query, &c.q),
+                (inputs.key, &c.k),
+                (inputs.value, &c.v),
+            ],
+            c.dt.size(),
+        ),
+        clamped: true,
+        async_copy: false,
+        splits: false,
+        part: false,
+        warps: TC_WARPS,
+    };
+    cfg.async_copy = cfg.vec == TC_VECTOR
+        && attention_forward_copies_async(client)
+        && ASYNC_STAGING.with(|flag| flag.get());
+    let hw = &client.properties().hardware;
+    if cfg.async_copy
+        && !cfg.split
+        && hw.max_units_per_cube as usize >= 32 * TC_WIDE_WARPS
+        && hw.max_shared_memory_size >= tc_forward_shared(dims.head_dim, c.dt.size(), TC_WIDE_WARPS)
+    {
+        cfg.warps = TC_WIDE_WARPS;
+    }
+    cfg
+}
+
+/// The tensor-core forward ([`super::tc_forward`]): one cube per tile of [`tc_config`]; with
 /// [`SplitExecution::Parts`] one per (such tile, split of the keys), then the merge.
 fn launch_tc<R: Runtime>(
     client: &ComputeClient<R>,
@@ -141,25 +208,7 @@ fn launch_tc<R: Runtime>(
     let group_rows = dims.group() * dims.q_len;
     let rows = dims.batch * dims.heads * dims.q_len;
     let splits = dims.kv_len.div_ceil(KEY_SPLIT).max(1);
-    // The split tiling computes every element as the 64-row one does: it may follow the shape.
-    let mut cfg = TcCfg {
-        d: dims.head_dim,
-        causal: c.causal,
-        emulate: c.cfg(client, 1).emulate,
-        split: tc_split(group_rows, dims.head_dim),
-        // 16-byte loads where Q, K and V allow them; only how bytes travel changes.
-        vec: tc_vector(
-            &[
-                (inputs.query, &c.q),
-                (inputs.key, &c.k),
-                (inputs.value, &c.v),
-            ],
-            c.dt.size(),
-        ),
-        clamped: true,
-        splits: false,
-        part: false,
-    };
+    let mut cfg = tc_config(client, inputs, c);
     let cubes = dims.batch * dims.kv_heads * group_rows.div_ceil(cfg.rows());
     let ws_len = split_workspace_len(splits, rows, dims.head_dim);
     // Parts where the tiles fill less than two cubes per SM; a choice that changes no bit.
@@ -186,7 +235,7 @@ fn launch_tc<R: Runtime>(
             attention_tc_forward_kernel::launch_unchecked::<R>(
                 client,
                 CubeCount::Static(len as u32, 1, 1),
-                CubeDim::new_2d(32, TC_WARPS as u32),
+                CubeDim::new_2d(32, cfg.warps as u32),
                 cfg.vec,
                 raw_arg(inputs.query),
                 raw_arg(inputs.key),

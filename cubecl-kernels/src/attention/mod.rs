@@ -32,7 +32,10 @@ mod tile;
 pub use backward::attention_backward;
 pub use forward::attention_forward;
 #[doc(hidden)]
-pub use forward::{SplitExecution, attention_forward_uses_tensor_cores, attention_forward_with};
+pub use forward::{
+    SplitExecution, attention_forward_copies_async, attention_forward_uses_tensor_cores,
+    attention_forward_with, with_async_staging,
+};
 
 use crate::error::KernelError;
 use crate::gemm::fma::{FmaMode, fma_mode};

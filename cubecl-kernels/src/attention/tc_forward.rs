@@ -1,13 +1,21 @@
 //! The tensor-core forward for f16 / bf16 on CUDA (`ldmatrix` + `mma.sync` 16×8×16, f32
-//! accumulators), FA2-style: one cube of 4 warps per (batch row, KV head, 64 query rows of the
-//! KV head's group), each warp owning 16 rows; keys in blocks of 64 from key 0 ascending. Where
-//! the group has at most 16 query rows (decode) and Dh is 64 or 128, a cube takes 16 rows and
-//! its warps split `o`'s columns instead (`split`): each computes the same scores and softmax
-//! (the same bits) and a quarter of `P·V`, whose 16×8 fragments are independent of each other.
+//! accumulators), FA2-style: one cube of `warps` warps per (batch row, KV head, `16·warps` query
+//! rows of the KV head's group), each warp owning 16 rows; keys in blocks of 64 from key 0
+//! ascending. Where the group has at most 16 query rows (decode) and Dh is 64 or 128, a cube
+//! takes 16 rows and its warps split `o`'s columns instead (`split`): each computes the same
+//! scores and softmax (the same bits) and a quarter of `P·V`, whose 16×8 fragments are
+//! independent of each other.
 //!
 //! The pipeline: Q, K and V travel as 16-byte vectors where their layouts allow ([`tc_vector`]);
-//! a block's values are loaded into registers while its scores and softmax run, and the next
-//! block's keys while its `P·V` runs, so global loads overlap the MMAs (two barriers per block).
+//! a block's values are loaded while its scores and softmax run, and the next block's keys while
+//! its `P·V` runs, so global loads overlap the MMAs (two cube barriers per block), through
+//! registers by default. With 16-byte vectors on a runtime with `cp.async`, where the host asks
+//! for it (`with_async_staging`, a test and benchmark switch until the path has run on a GPU), K
+//! and V go straight to shared memory instead, each block's copies landing on a barrier phase
+//! ([`copy_rows_async`]). Without the staging registers the forward fits the 168 registers a
+//! 384-unit cube allows, so there cubes take [`TC_WIDE_WARPS`] warps (one cube of 12 warps per
+//! SM instead of two of 4), and a warp skips the MMAs of blocks none of its rows sees.
+//!
 //! The softmax takes the block max on the raw scores and `p = exp(fma(S, |scale|, −m'))` with the
 //! hardware exponential; the masking selects run only in blocks where a row of the warp stops.
 //!
@@ -32,23 +40,29 @@ use super::tile::{
     AttnParams, KEY_BLOCK, KEY_SPLIT, RowSrc, SPLIT_BLOCKS, Strides4, fold_weights, key_rows,
     kv_len_of, row_offset, visible,
 };
+use crate::gemm::cmma::{arrive_on_copies, ring_barriers};
 use crate::util::{FloatDType, View};
 
-const _: () = assert!(TC_ROWS == KEY_BLOCK); // Q is staged in K's buffer
+use cubecl::prelude::barrier::{Barrier, copy_async};
 use cubecl::prelude::*;
 
-/// Warps per cube; each owns 16 query rows.
+/// Warps per cube of the backward and of decode's 16-row tiles; each owns 16 query rows (decode:
+/// a share of the columns).
 pub(crate) const TC_WARPS: usize = 4;
+/// Warps per cube of the forward's 16-row-per-warp tiles where K and V are copied by `cp.async`:
+/// one cube of 192 rows per SM, which caps the registers at 168 (spill-free without the staging
+/// registers), for 12 warps per SM instead of two 4-warp cubes' 8.
+pub(crate) const TC_WIDE_WARPS: usize = 12;
 /// Lanes per warp.
 pub(super) const LANES: usize = 32;
-/// Query rows per cube.
+/// Query rows per cube of the backward.
 pub(crate) const TC_ROWS: usize = 16 * TC_WARPS;
-/// Units per cube.
+/// Units per cube of the backward.
 pub(super) const TC_THREADS: usize = LANES * TC_WARPS;
 /// Padding (elements) of a staged row against bank conflicts; keeps rows 16-byte aligned.
 const PAD: usize = 8;
 /// Elements per global load where Q, K and V allow 16-byte vectors ([`tc_vector`]).
-const TC_VECTOR: usize = 8;
+pub(super) const TC_VECTOR: usize = 8;
 /// 16×8 score fragments per key block.
 pub(super) const S_FRAGS: usize = KEY_BLOCK / 8;
 /// Largest head size of the tensor-core path (its registers: Dh/16 A fragments of the query,
@@ -70,12 +84,17 @@ pub(crate) struct TcCfg {
     /// select: the forward's staging (its masked keys get `p = 0`, a copy costs nothing). The
     /// backward stages zeros: its inactive rows may hold NaN padding within the limit.
     pub clamped: bool,
+    /// K and V go from global to shared memory by `cp.async` ([`copy_rows_async`]), with
+    /// [`TcCfg::clamped`] rows and 16-byte vectors, instead of through registers.
+    pub async_copy: bool,
     /// The keys span more than one split: the cube folds each finished split into a state parked
     /// in shared memory ([`fold_split`]).
     pub splits: bool,
     /// One split per cube: its unnormalised state to the workspace, folded by
     /// [`attention_tc_merge_kernel`].
     pub part: bool,
+    /// Warps per cube ([`TC_WARPS`] or [`TC_WIDE_WARPS`]).
+    pub warps: usize,
 }
 
 impl TcCfg {
@@ -90,21 +109,34 @@ impl TcCfg {
     pub(super) fn pitch(&self) -> usize {
         self.d + PAD
     }
-    /// Vectors of `vec` elements a unit moves to stage `n` rows.
+    /// Units per cube.
+    pub(super) fn threads(&self) -> usize {
+        LANES * self.warps
+    }
+    /// Vectors of `vec` elements of `n` staged rows.
+    pub(super) fn vectors(&self, n: usize) -> usize {
+        n * self.d / self.vec
+    }
+    /// Vectors a unit moves to stage `n` rows (the last round partial where the units do not
+    /// divide them).
     pub(super) fn loads(&self, n: usize) -> usize {
-        n * self.d / self.vec / TC_THREADS
+        self.vectors(n).div_ceil(self.threads())
     }
     /// Query rows of a cube.
     pub(crate) fn rows(&self) -> usize {
-        if self.split { 16 } else { TC_ROWS }
+        if self.split { 16 } else { 16 * self.warps }
     }
     /// Columns of `o` a warp owns.
     pub(super) fn cols(&self) -> usize {
         if self.split {
-            self.d / TC_WARPS
+            self.d / self.warps
         } else {
             self.d
         }
+    }
+    /// Rows of the K buffer, which stages Q first.
+    fn k_rows(&self) -> usize {
+        KEY_BLOCK.max(self.rows())
     }
     /// f32 words a unit parks for [`fold_split`]: its `o` pairs of both rows, then `m`, `l` of
     /// row 0 and of row 1.
@@ -113,11 +145,19 @@ impl TcCfg {
     }
 }
 
-/// Shared memory (bytes) of the tensor-core forward for `head_dim` keys of `elem` bytes: K and V
-/// tiles, the rows' visible keys, and the parked split states.
-fn tc_forward_shared(head_dim: usize, elem: usize) -> usize {
-    2 * KEY_BLOCK * (head_dim + PAD) * elem + 4 * TC_ROWS + 4 * TC_THREADS * (head_dim / 2 + 4)
+/// Shared memory (bytes) of the tensor-core forward for `head_dim` keys of `elem` bytes in cubes
+/// of `warps` warps with 16 rows each: K (staging Q first) and V tiles, the rows' visible keys,
+/// and the parked split states.
+pub(super) fn tc_forward_shared(head_dim: usize, elem: usize, warps: usize) -> usize {
+    let rows = 16 * warps;
+    (KEY_BLOCK.max(rows) + KEY_BLOCK) * (head_dim + PAD) * elem
+        + 4 * rows
+        + 4 * LANES * warps * (head_dim / 2 + 4)
+        + 2 * BARRIER_BYTES
 }
+
+/// Shared memory of one `cp.async` barrier, counted generously.
+const BARRIER_BYTES: usize = 16;
 
 /// Whether a cube may take 16 rows with the warps splitting the columns: few rows per KV head
 /// (decode) and warp column shares that are whole `ldmatrix` x4 pairs (16 columns).
@@ -144,7 +184,7 @@ pub(crate) fn tc_forward_supported<R: Runtime>(
     head_dim: usize,
 ) -> bool {
     let half = matches!(dtype, FloatDType::F16 | FloatDType::BF16);
-    let shared = tc_forward_shared(head_dim, dtype.size());
+    let shared = tc_forward_shared(head_dim, dtype.size(), TC_WARPS);
     let hw = &client.properties().hardware;
     half && head_dim > 0
         && head_dim.is_multiple_of(16)
@@ -264,21 +304,39 @@ pub(super) fn load_rows<F: Float, N: Size>(
     let mut regs = Array::<Vector<F, N>>::new(comptime![cfg.loads(n)]);
     #[unroll]
     for e in 0..comptime![cfg.loads(n)] {
-        let idx = tid + e * TC_THREADS;
-        let r = src.first + idx / per_row;
-        if comptime![cfg.clamped] {
-            // The caller guarantees `limit ≥ 1`.
-            let at = row_at(src, min(r, src.limit - 1), keys);
-            regs[e] = t[(at + (idx % per_row) * w * src.s_d) / w];
-        } else {
-            let mut val = Vector::<F, N>::new(F::new(0.0));
-            if r < src.limit {
-                val = t[(row_at(src, r, keys) + (idx % per_row) * w * src.s_d) / w];
+        let idx = tid + e * comptime![cfg.threads()];
+        if unit_moves(idx, n, e, cfg) {
+            let r = src.first + idx / per_row;
+            if comptime![cfg.clamped] {
+                // The caller guarantees `limit ≥ 1`.
+                let at = row_at(src, min(r, src.limit - 1), keys);
+                regs[e] = t[(at + (idx % per_row) * w * src.s_d) / w];
+            } else {
+                let mut val = Vector::<F, N>::new(F::new(0.0));
+                if r < src.limit {
+                    val = t[(row_at(src, r, keys) + (idx % per_row) * w * src.s_d) / w];
+                }
+                regs[e] = val;
             }
-            regs[e] = val;
         }
     }
     regs
+}
+
+/// Whether vector `idx` (this unit's round `e`) of `n` staged rows exists: always but in a
+/// partial last round.
+#[cube]
+pub(super) fn unit_moves(
+    idx: usize,
+    #[comptime] n: usize,
+    #[comptime] e: usize,
+    #[comptime] cfg: TcCfg,
+) -> bool {
+    let mut moves = true;
+    if comptime![(e + 1) * cfg.threads() > cfg.vectors(n)] {
+        moves = idx < comptime![cfg.vectors(n)];
+    }
+    moves
 }
 
 /// Where row `r` of `src` starts; key rows (`keys`) skip `row_offset`'s divisions.
@@ -304,21 +362,55 @@ pub(super) fn store_rows<F: Float, N: Size>(
     let pitch = comptime![cfg.pitch() / cfg.vec];
     #[unroll]
     for e in 0..comptime![cfg.loads(n)] {
-        let idx = tid + e * TC_THREADS;
-        smem[(idx / per_row) * pitch + idx % per_row] = regs[e];
+        let idx = tid + e * comptime![cfg.threads()];
+        if unit_moves(idx, n, e, cfg) {
+            smem[(idx / per_row) * pitch + idx % per_row] = regs[e];
+        }
+    }
+}
+
+/// [`load_rows`]' clamped vectors straight into `smem` (pitch `d + PAD`) by `cp.async`: rows at
+/// or past `src.limit` copy row `limit − 1` (the caller guarantees `limit ≥ 1`), so every copy
+/// is a whole in-bounds 16-byte vector. Visible once the unit's barrier phase completes.
+#[cube]
+fn copy_rows_async<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
+    src: &RowSrc,
+    smem: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] n: usize,
+    #[comptime] cfg: TcCfg,
+) {
+    let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
+    let w = comptime![cfg.vec];
+    let per_row = comptime![cfg.d / cfg.vec];
+    let pitch = comptime![cfg.pitch() / cfg.vec];
+    #[unroll]
+    for e in 0..comptime![cfg.loads(n)] {
+        let idx = tid + e * comptime![cfg.threads()];
+        if unit_moves(idx, n, e, cfg) {
+            let r = min(src.first + idx / per_row, src.limit - 1);
+            let at = (row_at(src, r, true) + (idx % per_row) * w) / w;
+            let dst = (idx / per_row) * pitch + idx % per_row;
+            copy_async(
+                &t.slice(at, at + 1),
+                &mut smem.slice_mut(dst, dst + 1),
+                comptime!(w as u32),
+            );
+        }
     }
 }
 
 /// The visible keys of each row of the cube into `vis_s`; returns the largest over the cube
-/// (the blocks to walk) and the smallest over the warp's rows of the group (blocks before it
-/// need no mask for any of them).
+/// (the blocks to walk), the smallest over the warp's rows of the group (blocks before it
+/// need no mask for any of them) and the largest over the warp's rows (blocks from it on change
+/// none of them).
 #[cube]
 fn row_visibility(
     tile: &TcTile,
     p: &AttnParams,
     vis_s: &mut SharedMemory<u32>,
     #[comptime] cfg: TcCfg,
-) -> (u32, u32) {
+) -> (u32, u32, u32) {
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
     let rows = comptime![cfg.rows()];
     if tid < rows {
@@ -339,7 +431,16 @@ fn row_visibility(
     for rr in 0..rows {
         max_vis = max(max_vis, vis_s[rr]);
     }
-    (max_vis, warp_min_visible(vis_s, tile, max_vis, cfg))
+    let (row0, _) = warp_origin(cfg);
+    let mut warp_max = 0u32;
+    for rr in 0..16usize {
+        warp_max = max(warp_max, vis_s[row0 + rr]);
+    }
+    (
+        max_vis,
+        warp_min_visible(vis_s, tile, max_vis, cfg),
+        warp_max,
+    )
 }
 
 /// The smallest `vis` (in `vis_s`, by row of the cube) of the warp's rows of the group: blocks
@@ -852,8 +953,8 @@ fn fold_row(
 ) {
     let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
     let n = comptime![cfg.cols() / 8];
-    let at_m = comptime![(cfg.cols() / 2 + 2 * h) * TC_THREADS] + tid;
-    let at_l = at_m + TC_THREADS;
+    let at_m = comptime![(cfg.cols() / 2 + 2 * h) * cfg.threads()] + tid;
+    let at_l = at_m + comptime![cfg.threads()];
     if first {
         park[at_m] = row.m;
         park[at_l] = row.l;
@@ -862,7 +963,7 @@ fn fold_row(
             let pair = o.index(j)[h];
             #[unroll]
             for c in 0..2usize {
-                park[comptime![((j * 2 + h) * 2 + c) * TC_THREADS] + tid] = pair[c];
+                park[comptime![((j * 2 + h) * 2 + c) * cfg.threads()] + tid] = pair[c];
             }
         }
     } else if (s0 as u32) < row.vis {
@@ -874,7 +975,7 @@ fn fold_row(
             let pair = o.index(j)[h];
             #[unroll]
             for c in 0..2usize {
-                let at = comptime![((j * 2 + h) * 2 + c) * TC_THREADS] + tid;
+                let at = comptime![((j * 2 + h) * 2 + c) * cfg.threads()] + tid;
                 park[at] = fma(park[at], a, pair[c] * b);
             }
         }
@@ -895,11 +996,11 @@ fn unpark(
 ) {
     if comptime![cfg.splits] {
         let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
-        let ml = comptime![cfg.cols() / 2 * TC_THREADS] + tid;
+        let ml = comptime![cfg.cols() / 2 * cfg.threads()] + tid;
         r0.m = park[ml];
-        r0.l = park[ml + TC_THREADS];
-        r1.m = park[ml + 2 * TC_THREADS];
-        r1.l = park[ml + 3 * TC_THREADS];
+        r0.l = park[ml + comptime![cfg.threads()]];
+        r1.m = park[ml + comptime![2 * cfg.threads()]];
+        r1.l = park[ml + comptime![3 * cfg.threads()]];
         #[unroll]
         for j in 0..comptime![cfg.cols() / 8] {
             let frag = o.index_mut(j);
@@ -908,7 +1009,7 @@ fn unpark(
                 let mut pair = frag[h];
                 #[unroll]
                 for c in 0..2usize {
-                    pair[c] = park[comptime![((j * 2 + h) * 2 + c) * TC_THREADS] + tid];
+                    pair[c] = park[comptime![((j * 2 + h) * 2 + c) * cfg.threads()] + tid];
                 }
                 frag[h] = pair;
             }
@@ -1015,6 +1116,132 @@ pub(crate) fn attention_tc_merge_kernel<F: Float>(
     }
 }
 
+/// Block `j0`'s scores of the warp's rows from the staged keys and their online softmax
+/// ([`softmax_row`]), `o` rescaled where a row grew its max; returns `P` as `P·V`'s A fragments.
+/// Where no row of the warp sees a key of the block (not `active`), the MMAs are skipped: every
+/// score is masked, so `m`, `l` and `o` keep their bits (`α = 1`, `p = 0`).
+#[cube]
+#[allow(clippy::too_many_arguments)] // the warp's state, one argument each
+fn block_softmax<F: Float, N: Size>(
+    k_s: &SharedMemory<Vector<F, N>>,
+    qa: &Sequence<Array<Vector<F, Const<2>>>>,
+    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    r0: &mut Row,
+    r1: &mut Row,
+    j0: usize,
+    a: f32,
+    warp_vis: usize,
+    active: bool,
+    #[comptime] cfg: TcCfg,
+) -> Sequence<Array<Vector<F, Const<2>>>> {
+    let mut s = zero_frags(S_FRAGS);
+    if active {
+        #[unroll]
+        for kk in 0..comptime![cfg.d / 16] {
+            score_step::<F, N>(k_s, qa.index(kk), kk, &mut s, cfg);
+        }
+    }
+    let masked = j0 + KEY_BLOCK > warp_vis;
+    softmax_row(&mut s, r0, j0, a, masked, 0usize);
+    softmax_row(&mut s, r1, j0, a, masked, 1usize);
+    // `o·1` is exact: skipped where no row of the warp grew its max.
+    if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
+        rescale(o, r0, r1, comptime![cfg.cols() / 8]);
+    }
+    probabilities::<F>(&s)
+}
+
+/// One block with K and V copied by `cp.async`: this block's values copied while its scores and
+/// softmax run, the next block's keys while its `P·V` runs; `parity` is the block's phase of
+/// both barriers (0: keys, 1: values).
+#[cube]
+#[allow(clippy::too_many_arguments)] // the block's sources and the warp's state, one argument each
+fn block_copied<F: Float, N: Size>(
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    k_s: &mut SharedMemory<Vector<F, N>>,
+    v_s: &mut SharedMemory<Vector<F, N>>,
+    bars: &Sequence<Shared<Barrier>>,
+    k_src: &RowSrc,
+    v_src: &RowSrc,
+    parity: u32,
+    qa: &Sequence<Array<Vector<F, Const<2>>>>,
+    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    r0: &mut Row,
+    r1: &mut Row,
+    j0: usize,
+    a: f32,
+    warp_vis: usize,
+    active: bool,
+    #[comptime] cfg: TcCfg,
+) {
+    copy_rows_async::<F, N>(v, v_src, v_s, KEY_BLOCK, cfg);
+    arrive_on_copies(bars, 1usize);
+    bars.index(0usize).wait_parity(parity);
+    let pa = block_softmax::<F, N>(k_s, qa, o, r0, r1, j0, a, warp_vis, active, cfg);
+    bars.index(1usize).wait_parity(parity);
+    // Every warp is done with `k_s`.
+    sync_cube();
+    copy_rows_async::<F, N>(k, k_src, k_s, KEY_BLOCK, cfg);
+    arrive_on_copies(bars, 0usize);
+    if active {
+        accumulate_pv::<F, N>(v_s, &pa, o, cfg);
+    }
+    // Every warp is done with `v_s`.
+    sync_cube();
+}
+
+/// One block with K and V staged through registers: this block's values in flight while its
+/// scores and softmax run, the next block's keys while its `P·V` runs.
+#[cube]
+#[allow(clippy::too_many_arguments)] // the block's sources and the warp's state, one argument each
+fn block_staged<F: Float, N: Size>(
+    k: &Tensor<Vector<F, N>>,
+    v: &Tensor<Vector<F, N>>,
+    k_s: &mut SharedMemory<Vector<F, N>>,
+    v_s: &mut SharedMemory<Vector<F, N>>,
+    k_src: &RowSrc,
+    v_src: &RowSrc,
+    qa: &Sequence<Array<Vector<F, Const<2>>>>,
+    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
+    r0: &mut Row,
+    r1: &mut Row,
+    j0: usize,
+    a: f32,
+    warp_vis: usize,
+    active: bool,
+    #[comptime] cfg: TcCfg,
+) {
+    let values = load_rows::<F, N>(v, v_src, KEY_BLOCK, true, cfg);
+    let pa = block_softmax::<F, N>(k_s, qa, o, r0, r1, j0, a, warp_vis, active, cfg);
+    store_rows::<F, N>(&values, v_s, KEY_BLOCK, cfg);
+    sync_cube();
+    // `k_s` is free past the barrier.
+    let keys = load_rows::<F, N>(k, k_src, KEY_BLOCK, true, cfg);
+    if active {
+        accumulate_pv::<F, N>(v_s, &pa, o, cfg);
+    }
+    store_rows::<F, N>(&keys, k_s, KEY_BLOCK, cfg);
+    sync_cube();
+}
+
+/// A block of keys into `k_s`: copied by `cp.async` (landing with the next phase of the keys'
+/// barrier) or through registers.
+#[cube]
+fn stage_keys<F: Float, N: Size>(
+    k: &Tensor<Vector<F, N>>,
+    src: &RowSrc,
+    k_s: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] cfg: TcCfg,
+) {
+    if comptime![cfg.async_copy] {
+        copy_rows_async::<F, N>(k, src, k_s, KEY_BLOCK, cfg);
+    } else {
+        let keys = load_rows::<F, N>(k, src, KEY_BLOCK, true, cfg);
+        store_rows::<F, N>(&keys, k_s, KEY_BLOCK, cfg);
+    }
+}
+
 /// A row's state before its first key: `m = −∞`, `l = 0`, `α = 1`.
 #[cube]
 fn fresh_row(vis: u32) -> Row {
@@ -1062,17 +1289,21 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
 ) {
     let tile = tc_tile(kv_lens, &p, cfg);
     // Q, then K, share one buffer: the query's fragments live in registers after the start.
-    let len = comptime![KEY_BLOCK * cfg.pitch() / cfg.vec];
-    let mut k_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
-    let mut v_s = SharedMemory::<Vector<F, N>>::new_aligned(len, 16usize);
-    let mut vis_s = SharedMemory::<u32>::new(TC_ROWS);
+    let k_len = comptime![cfg.k_rows() * cfg.pitch() / cfg.vec];
+    let v_len = comptime![KEY_BLOCK * cfg.pitch() / cfg.vec];
+    let mut k_s = SharedMemory::<Vector<F, N>>::new_aligned(k_len, 16usize);
+    let mut v_s = SharedMemory::<Vector<F, N>>::new_aligned(v_len, 16usize);
+    let mut vis_s = SharedMemory::<u32>::new(comptime![cfg.rows()]);
     let mut park = SharedMemory::<f32>::new(comptime![if cfg.splits {
-        cfg.parked() * TC_THREADS
+        cfg.parked() * cfg.threads()
     } else {
         1
     }]);
-    let (max_vis, warp_vis) = row_visibility(&tile, &p, &mut vis_s, cfg);
-    let (max_vis, warp_vis) = (max_vis as usize, warp_vis as usize);
+    // With `cp.async`: barrier 0 completes a phase when K's copies of a block landed, 1 V's
+    // (initialized before `row_visibility`'s cube barrier).
+    let bars = ring_barriers(comptime![if cfg.async_copy { 2usize } else { 0usize }]);
+    let (max_vis, warp_vis, warp_max) = row_visibility(&tile, &p, &mut vis_s, cfg);
+    let (max_vis, warp_vis, warp_max) = (max_vis as usize, warp_vis as usize, warp_max as usize);
     let qa = query_fragments::<F, N>(q, &tile, &p, &mut k_s, cfg);
     let a = f32::abs(p.scale);
     let (row0, _) = warp_origin(cfg);
@@ -1087,35 +1318,38 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
         // The first block's keys; the clamped loads need a row to copy (with no block `k_s`
         // is never read).
         let first = key_src(&tile, &p.k, kb0 * KEY_BLOCK, max_vis);
-        let keys = load_rows::<F, N>(k, &first, KEY_BLOCK, true, cfg);
-        store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
+        stage_keys::<F, N>(k, &first, &mut k_s, cfg);
+    }
+    if comptime![cfg.async_copy] {
+        arrive_on_copies(&bars, 0usize);
     }
     sync_cube();
     for step in 0..steps {
         let from = kb0 + step * span;
         for kb in from..min(from + span, kb1) {
             let j0 = kb * KEY_BLOCK;
-            // This block's values in flight while its scores and softmax run.
-            let src = key_src(&tile, &p.v, j0, max_vis);
-            let values = load_rows::<F, N>(v, &src, KEY_BLOCK, true, cfg);
-            let mut s = scores::<F, N>(&k_s, &qa, cfg);
-            let masked = j0 + KEY_BLOCK > warp_vis;
-            softmax_row(&mut s, &mut r0, j0, a, masked, 0usize);
-            softmax_row(&mut s, &mut r1, j0, a, masked, 1usize);
-            // `o·1` is exact: skipped where no row of the warp grew its max.
-            if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
-                rescale(&mut o, &r0, &r1, comptime![cfg.cols() / 8]);
+            // Whether a row of this warp sees a key of the block (a warp-uniform branch; the
+            // copied path's cubes of twelve warps skip the others).
+            let mut active = true;
+            if comptime![cfg.async_copy] {
+                active = j0 < warp_max;
             }
-            let pa = probabilities::<F>(&s);
-            store_rows::<F, N>(&values, &mut v_s, KEY_BLOCK, cfg);
-            sync_cube();
-            // The next block's keys in flight while `P·V` runs (`k_s` is free past the
-            // barrier).
-            let src = key_src(&tile, &p.k, j0 + KEY_BLOCK, max_vis);
-            let keys = load_rows::<F, N>(k, &src, KEY_BLOCK, true, cfg);
-            accumulate_pv::<F, N>(&v_s, &pa, &mut o, cfg);
-            store_rows::<F, N>(&keys, &mut k_s, KEY_BLOCK, cfg);
-            sync_cube();
+            let v_src = key_src(&tile, &p.v, j0, max_vis);
+            // The next block's keys (past the walk: copies of the last visible key, unused).
+            let k_src = key_src(&tile, &p.k, j0 + KEY_BLOCK, max_vis);
+            if comptime![cfg.async_copy] {
+                // Block `kb − kb0` is each barrier's phase of that index.
+                let parity = ((kb - kb0) % 2) as u32;
+                block_copied::<F, N>(
+                    k, v, &mut k_s, &mut v_s, &bars, &k_src, &v_src, parity, &qa, &mut o, &mut r0,
+                    &mut r1, j0, a, warp_vis, active, cfg,
+                );
+            } else {
+                block_staged::<F, N>(
+                    k, v, &mut k_s, &mut v_s, &k_src, &v_src, &qa, &mut o, &mut r0, &mut r1, j0, a,
+                    warp_vis, active, cfg,
+                );
+            }
         }
         // (Only where `cfg.splits`: `span` is the whole walk otherwise.)
         if steps > 1 {
@@ -1125,6 +1359,10 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     }
     if steps > 1 {
         unpark(&mut o, &mut r0, &mut r1, &park, cfg);
+    }
+    if comptime![cfg.async_copy] {
+        // The last keys' copies (phase `kb1 − kb0`) land before the cube exits.
+        bars.index(0usize).wait_parity(((kb1 - kb0) % 2) as u32);
     }
     if comptime![cfg.part] {
         store_partial(ws, &o, &r0, &tile, &p, 0usize, cfg);

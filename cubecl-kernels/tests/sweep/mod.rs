@@ -20,7 +20,7 @@
 use burn_invariant_cubecl::attention::{
     ATTENTION_KEY_SPLIT, AttentionGradRefs, AttentionRefs, SplitExecution, attention_backward,
     attention_backward_workspace_len, attention_forward_uses_tensor_cores, attention_forward_with,
-    attention_math_on_device,
+    attention_math_on_device, with_async_staging,
 };
 use burn_invariant_cubecl::consts::{CMMA_TILE, CmmaTile};
 use burn_invariant_cubecl::gemm::{fma_emulated_on_device, matmul_cmma_tiled};
@@ -643,7 +643,9 @@ impl<'a, R: Runtime> Sweep<'a, R> {
     // emulate}, attention_delta_kernel <F>{d, rows 1, ..}, attention_dkv_kernel <F>{d, rows 4
     // (d ≤ 128) | 2, ..}. Tensor cores (f16 / bf16 forward, head sizes multiples of 16 up to 128
     // where the client has manual MMA): attention_tc_forward_kernel <F, N>{d, causal, emulate,
-    // split, vec} (16-byte loads on dense tensors, scalar ones where a row stride is d + 4).
+    // split, vec, async_copy, warps} (16-byte loads on dense tensors, scalar ones where a row
+    // stride is d + 4; K and V staged through registers, and again copied by `cp.async` in cubes of
+    // 4 or 12 warps under `with_async_staging`).
 
     fn attention(&mut self) {
         for dt in self.floats.clone() {
@@ -654,35 +656,29 @@ impl<'a, R: Runtime> Sweep<'a, R> {
                     self.attention_call(dt, d, ATTN_SHAPES[(i + j) % 3], causal, true);
                 }
             }
-            // Every head size of the tensor-core forward (and its FMA backward), both tilings.
-            for d in (16..=128).step_by(16) {
-                if !attention_forward_uses_tensor_cores(self.client, dt, d) {
-                    continue;
-                }
-                for causal in [false, true] {
-                    self.attention_call(dt, d, ATTN_SHAPES[2], causal, true);
-                    if d % 64 == 0 {
-                        self.attention_call(dt, d, ATTN_SHAPES[0], causal, false);
-                    }
-                }
-                // Query rows d + 4 apart: scalar loads; a negative scale.
-                self.attention_call_padded(dt, d, ATTN_SHAPES[2], true, 4);
-            }
             self.attention_splits(dt);
+            self.attention_tensor_cores(dt);
+            with_async_staging(|| self.attention_tensor_cores(dt));
         }
     }
 
-    /// Keys past one split: the FMA forward folding splits at every head size (causal
-    /// alternating); the tensor-core one folding them in the cube and by parts + merge, both
-    /// tilings.
-    fn attention_splits(&mut self, dt: FloatDType) {
-        let kv = ATTENTION_KEY_SPLIT + 100;
-        for (i, d) in ATTN_HEAD_DIMS.into_iter().enumerate() {
-            let [b, h, kh, q, _] = ATTN_SHAPES[i % 3];
-            let shape = [b, h, kh, q, kv];
-            let pass = Pass::Forward(SplitExecution::Auto);
-            self.attention_call_inner(dt, d, shape, i % 2 == 1, pass, 0);
+    /// Every head size of the tensor-core forward (and its backward), both tilings, and its
+    /// splits folded in the cube and by parts + merge.
+    fn attention_tensor_cores(&mut self, dt: FloatDType) {
+        for d in (16..=128).step_by(16) {
+            if !attention_forward_uses_tensor_cores(self.client, dt, d) {
+                continue;
+            }
+            for causal in [false, true] {
+                self.attention_call(dt, d, ATTN_SHAPES[2], causal, true);
+                if d % 64 == 0 {
+                    self.attention_call(dt, d, ATTN_SHAPES[0], causal, false);
+                }
+            }
+            // Query rows d + 4 apart: scalar loads; a negative scale.
+            self.attention_call_padded(dt, d, ATTN_SHAPES[2], true, 4);
         }
+        let kv = ATTENTION_KEY_SPLIT + 100;
         for d in (16..=128).step_by(16) {
             if !attention_forward_uses_tensor_cores(self.client, dt, d) {
                 continue;
@@ -696,6 +692,18 @@ impl<'a, R: Runtime> Sweep<'a, R> {
                     }
                 }
             }
+        }
+    }
+
+    /// Keys past one split: the FMA forward folding splits at every head size (causal
+    /// alternating).
+    fn attention_splits(&mut self, dt: FloatDType) {
+        let kv = ATTENTION_KEY_SPLIT + 100;
+        for (i, d) in ATTN_HEAD_DIMS.into_iter().enumerate() {
+            let [b, h, kh, q, _] = ATTN_SHAPES[i % 3];
+            let shape = [b, h, kh, q, kv];
+            let pass = Pass::Forward(SplitExecution::Auto);
+            self.attention_call_inner(dt, d, shape, i % 2 == 1, pass, 0);
         }
     }
 

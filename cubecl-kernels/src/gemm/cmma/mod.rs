@@ -32,6 +32,7 @@ mod ring;
 use config::CmmaConfig;
 use registers::gemm_registers;
 use ring::gemm_ring;
+pub(crate) use ring::{arrive_on_copies, ring_barriers};
 
 use crate::consts::{CMMA_FRAG, CMMA_TILE, CMMA_VECTOR, CmmaTile};
 use crate::error::KernelError;

@@ -166,7 +166,7 @@ fn copy_stage_async<F: Float, VA: Size, VB: Size>(
 /// Mark this unit's copies to ring slot `slot` as part of the slot barrier's current phase, then
 /// arrive (the phase completes once every unit arrived and all their copies landed).
 #[cube]
-fn arrive_on_copies(full: &Sequence<Shared<Barrier>>, #[comptime] slot: usize) {
+pub(crate) fn arrive_on_copies(full: &Sequence<Shared<Barrier>>, #[comptime] slot: usize) {
     let bar = full.index(slot);
     bar.commit_copy_async();
     let _ = bar.arrive();
@@ -174,7 +174,7 @@ fn arrive_on_copies(full: &Sequence<Shared<Barrier>>, #[comptime] slot: usize) {
 
 /// `count` cube-wide barriers of the ring.
 #[cube]
-fn ring_barriers(#[comptime] count: usize) -> Sequence<Shared<Barrier>> {
+pub(crate) fn ring_barriers(#[comptime] count: usize) -> Sequence<Shared<Barrier>> {
     let mut barriers = Sequence::<Shared<Barrier>>::new();
     #[unroll]
     for _ in 0..count {
