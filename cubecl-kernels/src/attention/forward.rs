@@ -6,7 +6,7 @@ use super::AttentionRefs;
 use super::inputs::{Checked, Layouts, attn_inputs, check_inputs};
 use super::math::{div_rn, exp_p, ln_p, neg_inf};
 use super::tc_forward::{
-    TC_VECTOR, TC_WARPS, TC_WIDE_WARPS, TcCfg, attention_tc_forward_kernel,
+    LANES, TC_VECTOR, TC_WARPS, TC_WIDE_WARPS, TcCfg, attention_tc_forward_kernel,
     attention_tc_merge_kernel, split_workspace_len, tc_forward_shared, tc_forward_supported,
     tc_split, tc_vector,
 };
@@ -187,7 +187,7 @@ fn tc_config<R: Runtime>(
     let hw = &client.properties().hardware;
     if cfg.async_copy
         && !cfg.split
-        && hw.max_units_per_cube as usize >= 32 * TC_WIDE_WARPS
+        && hw.max_units_per_cube as usize >= LANES * TC_WIDE_WARPS
         && hw.max_shared_memory_size >= tc_forward_shared(dims.head_dim, c.dt.size(), TC_WIDE_WARPS)
     {
         cfg.warps = TC_WIDE_WARPS;
