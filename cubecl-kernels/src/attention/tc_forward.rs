@@ -918,21 +918,19 @@ fn store_lse(
 /// rows restart (`m = −∞`, `l = 0`, `o = 0`). Each unit parks its own words: no barrier. Only
 /// where `cfg.splits` (nothing otherwise).
 #[cube]
-fn fold_split(
+fn fold_split<F: Float>(
     s0: usize,
     first: bool,
-    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
-    r0: &mut Row,
-    r1: &mut Row,
+    w: &mut WarpState<F>,
     park: &mut SharedMemory<f32>,
     #[comptime] cfg: TcCfg,
 ) {
     if comptime![cfg.splits] {
-        fold_row(s0, first, o, r0, park, 0usize, cfg);
-        fold_row(s0, first, o, r1, park, 1usize, cfg);
+        fold_row(s0, first, &w.o, &mut w.r0, park, 0usize, cfg);
+        fold_row(s0, first, &w.o, &mut w.r1, park, 1usize, cfg);
         #[unroll]
         for j in 0..comptime![cfg.cols() / 8] {
-            let frag = o.index_mut(j);
+            let frag = w.o.index_mut(j);
             frag[0] = Vector::new(0.0f32);
             frag[1] = Vector::new(0.0f32);
         }
@@ -987,23 +985,17 @@ fn fold_row(
 
 /// The parked state back into the lane's rows and `o` (where `cfg.splits`).
 #[cube]
-fn unpark(
-    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
-    r0: &mut Row,
-    r1: &mut Row,
-    park: &SharedMemory<f32>,
-    #[comptime] cfg: TcCfg,
-) {
+fn unpark<F: Float>(w: &mut WarpState<F>, park: &SharedMemory<f32>, #[comptime] cfg: TcCfg) {
     if comptime![cfg.splits] {
         let tid = UNIT_POS_Y as usize * LANES + UNIT_POS_X as usize;
         let ml = comptime![cfg.cols() / 2 * cfg.threads()] + tid;
-        r0.m = park[ml];
-        r0.l = park[ml + comptime![cfg.threads()]];
-        r1.m = park[ml + comptime![2 * cfg.threads()]];
-        r1.l = park[ml + comptime![3 * cfg.threads()]];
+        w.r0.m = park[ml];
+        w.r0.l = park[ml + comptime![cfg.threads()]];
+        w.r1.m = park[ml + comptime![2 * cfg.threads()]];
+        w.r1.l = park[ml + comptime![3 * cfg.threads()]];
         #[unroll]
         for j in 0..comptime![cfg.cols() / 8] {
-            let frag = o.index_mut(j);
+            let frag = w.o.index_mut(j);
             #[unroll]
             for h in 0..2usize {
                 let mut pair = frag[h];
@@ -1116,129 +1108,137 @@ pub(crate) fn attention_tc_merge_kernel<F: Float>(
     }
 }
 
-/// Block `j0`'s scores of the warp's rows from the staged keys and their online softmax
+/// The cube's staged keys and values (`k_s` stages Q first) and, with `cp.async`, the barriers
+/// their copies complete: 0 keys, 1 values (none otherwise).
+#[derive(CubeType)]
+struct KvStage<F: Float, N: Size> {
+    k_s: SharedMemory<Vector<F, N>>,
+    v_s: SharedMemory<Vector<F, N>>,
+    bars: Sequence<Shared<Barrier>>,
+}
+
+/// What a warp carries through the walk: Q's A fragments and `a = |scale|` (fixed), `o` and
+/// its lanes' two rows (running).
+#[derive(CubeType)]
+struct WarpState<F: Float> {
+    qa: Sequence<Array<Vector<F, Const<2>>>>,
+    a: f32,
+    o: Sequence<Array<Vector<f32, Const<2>>>>,
+    r0: Row,
+    r1: Row,
+}
+
+/// One step of the walk: block `j0` (the `parity` of both barriers' phases), whether a row of
+/// the warp sees one of its keys (`active`) and whether one of them misses one (`masked`);
+/// where its values and the next block's keys come from.
+#[derive(CubeType)]
+struct KeyBlock {
+    j0: usize,
+    parity: u32,
+    active: bool,
+    masked: bool,
+    values: RowSrc,
+    next_keys: RowSrc,
+}
+
+/// The block's scores of the warp's rows from the staged keys and their online softmax
 /// ([`softmax_row`]), `o` rescaled where a row grew its max; returns `P` as `P·V`'s A fragments.
 /// Where no row of the warp sees a key of the block (not `active`), the MMAs are skipped: every
 /// score is masked, so `m`, `l` and `o` keep their bits (`α = 1`, `p = 0`).
 #[cube]
-#[allow(clippy::too_many_arguments)] // the warp's state, one argument each
 fn block_softmax<F: Float, N: Size>(
     k_s: &SharedMemory<Vector<F, N>>,
-    qa: &Sequence<Array<Vector<F, Const<2>>>>,
-    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
-    r0: &mut Row,
-    r1: &mut Row,
-    j0: usize,
-    a: f32,
-    warp_vis: usize,
-    active: bool,
+    w: &mut WarpState<F>,
+    blk: &KeyBlock,
     #[comptime] cfg: TcCfg,
 ) -> Sequence<Array<Vector<F, Const<2>>>> {
     let mut s = zero_frags(S_FRAGS);
-    if active {
+    if blk.active {
         #[unroll]
         for kk in 0..comptime![cfg.d / 16] {
-            score_step::<F, N>(k_s, qa.index(kk), kk, &mut s, cfg);
+            score_step::<F, N>(k_s, w.qa.index(kk), kk, &mut s, cfg);
         }
     }
-    let masked = j0 + KEY_BLOCK > warp_vis;
-    softmax_row(&mut s, r0, j0, a, masked, 0usize);
-    softmax_row(&mut s, r1, j0, a, masked, 1usize);
+    softmax_row(&mut s, &mut w.r0, blk.j0, w.a, blk.masked, 0usize);
+    softmax_row(&mut s, &mut w.r1, blk.j0, w.a, blk.masked, 1usize);
     // `o·1` is exact: skipped where no row of the warp grew its max.
-    if !plane_all(r0.alpha == 1.0f32 && r1.alpha == 1.0f32) {
-        rescale(o, r0, r1, comptime![cfg.cols() / 8]);
+    if !plane_all(w.r0.alpha == 1.0f32 && w.r1.alpha == 1.0f32) {
+        rescale(&mut w.o, &w.r0, &w.r1, comptime![cfg.cols() / 8]);
     }
     probabilities::<F>(&s)
 }
 
-/// One block with K and V copied by `cp.async`: this block's values copied while its scores and
-/// softmax run, the next block's keys while its `P·V` runs; `parity` is the block's phase of
-/// both barriers (0: keys, 1: values).
+/// One block: its values on their way while its scores and softmax run, the next block's keys
+/// while its `P·V` runs; staged by `cp.async` or through registers ([`fetch_rows`]).
 #[cube]
-#[allow(clippy::too_many_arguments)] // the block's sources and the warp's state, one argument each
-fn block_copied<F: Float, N: Size>(
+fn key_block<F: Float, N: Size>(
     k: &Tensor<Vector<F, N>>,
     v: &Tensor<Vector<F, N>>,
-    k_s: &mut SharedMemory<Vector<F, N>>,
-    v_s: &mut SharedMemory<Vector<F, N>>,
-    bars: &Sequence<Shared<Barrier>>,
-    k_src: &RowSrc,
-    v_src: &RowSrc,
-    parity: u32,
-    qa: &Sequence<Array<Vector<F, Const<2>>>>,
-    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
-    r0: &mut Row,
-    r1: &mut Row,
-    j0: usize,
-    a: f32,
-    warp_vis: usize,
-    active: bool,
+    st: &mut KvStage<F, N>,
+    blk: &KeyBlock,
+    w: &mut WarpState<F>,
     #[comptime] cfg: TcCfg,
 ) {
-    copy_rows_async::<F, N>(v, v_src, v_s, KEY_BLOCK, cfg);
-    arrive_on_copies(bars, 1usize);
-    bars.index(0usize).wait_parity(parity);
-    let pa = block_softmax::<F, N>(k_s, qa, o, r0, r1, j0, a, warp_vis, active, cfg);
-    bars.index(1usize).wait_parity(parity);
-    // Every warp is done with `k_s`.
+    let values = fetch_rows::<F, N>(v, &blk.values, &mut st.v_s, &st.bars, 1usize, cfg);
+    await_copies(&st.bars, 0usize, blk.parity, cfg);
+    let pa = block_softmax::<F, N>(&st.k_s, w, blk, cfg);
+    await_copies(&st.bars, 1usize, blk.parity, cfg);
+    store_fetched::<F, N>(&values, &mut st.v_s, cfg);
+    // Every warp is done with `k_s`; `v_s` is whole.
     sync_cube();
-    copy_rows_async::<F, N>(k, k_src, k_s, KEY_BLOCK, cfg);
-    arrive_on_copies(bars, 0usize);
-    if active {
-        accumulate_pv::<F, N>(v_s, &pa, o, cfg);
+    let keys = fetch_rows::<F, N>(k, &blk.next_keys, &mut st.k_s, &st.bars, 0usize, cfg);
+    if blk.active {
+        accumulate_pv::<F, N>(&st.v_s, &pa, &mut w.o, cfg);
     }
-    // Every warp is done with `v_s`.
+    store_fetched::<F, N>(&keys, &mut st.k_s, cfg);
+    // Every warp is done with `v_s`; `k_s` is whole (copies: once their phase completes).
     sync_cube();
 }
 
-/// One block with K and V staged through registers: this block's values in flight while its
-/// scores and softmax run, the next block's keys while its `P·V` runs.
+/// A block of key or value rows on its way to `smem`: copied by `cp.async`, completing the
+/// unit's next phase of barrier `slot` (nothing held), or loaded into registers for
+/// [`store_fetched`].
 #[cube]
-#[allow(clippy::too_many_arguments)] // the block's sources and the warp's state, one argument each
-fn block_staged<F: Float, N: Size>(
-    k: &Tensor<Vector<F, N>>,
-    v: &Tensor<Vector<F, N>>,
-    k_s: &mut SharedMemory<Vector<F, N>>,
-    v_s: &mut SharedMemory<Vector<F, N>>,
-    k_src: &RowSrc,
-    v_src: &RowSrc,
-    qa: &Sequence<Array<Vector<F, Const<2>>>>,
-    o: &mut Sequence<Array<Vector<f32, Const<2>>>>,
-    r0: &mut Row,
-    r1: &mut Row,
-    j0: usize,
-    a: f32,
-    warp_vis: usize,
-    active: bool,
-    #[comptime] cfg: TcCfg,
-) {
-    let values = load_rows::<F, N>(v, v_src, KEY_BLOCK, true, cfg);
-    let pa = block_softmax::<F, N>(k_s, qa, o, r0, r1, j0, a, warp_vis, active, cfg);
-    store_rows::<F, N>(&values, v_s, KEY_BLOCK, cfg);
-    sync_cube();
-    // `k_s` is free past the barrier.
-    let keys = load_rows::<F, N>(k, k_src, KEY_BLOCK, true, cfg);
-    if active {
-        accumulate_pv::<F, N>(v_s, &pa, o, cfg);
-    }
-    store_rows::<F, N>(&keys, k_s, KEY_BLOCK, cfg);
-    sync_cube();
-}
-
-/// A block of keys into `k_s`: copied by `cp.async` (landing with the next phase of the keys'
-/// barrier) or through registers.
-#[cube]
-fn stage_keys<F: Float, N: Size>(
-    k: &Tensor<Vector<F, N>>,
+fn fetch_rows<F: Float, N: Size>(
+    t: &Tensor<Vector<F, N>>,
     src: &RowSrc,
-    k_s: &mut SharedMemory<Vector<F, N>>,
+    smem: &mut SharedMemory<Vector<F, N>>,
+    bars: &Sequence<Shared<Barrier>>,
+    #[comptime] slot: usize,
+    #[comptime] cfg: TcCfg,
+) -> Array<Vector<F, N>> {
+    if comptime![cfg.async_copy] {
+        copy_rows_async::<F, N>(t, src, smem, KEY_BLOCK, cfg);
+        arrive_on_copies(bars, slot);
+        Array::<Vector<F, N>>::new(1usize)
+    } else {
+        load_rows::<F, N>(t, src, KEY_BLOCK, true, cfg)
+    }
+}
+
+/// [`fetch_rows`]' registers into `smem` (nothing where it copied).
+#[cube]
+fn store_fetched<F: Float, N: Size>(
+    regs: &Array<Vector<F, N>>,
+    smem: &mut SharedMemory<Vector<F, N>>,
+    #[comptime] cfg: TcCfg,
+) {
+    if comptime![!cfg.async_copy] {
+        store_rows::<F, N>(regs, smem, KEY_BLOCK, cfg);
+    }
+}
+
+/// With `cp.async`: waits for phase `parity` of barrier `slot` (this unit's copies of it
+/// landed); nothing otherwise.
+#[cube]
+fn await_copies(
+    bars: &Sequence<Shared<Barrier>>,
+    #[comptime] slot: usize,
+    parity: u32,
     #[comptime] cfg: TcCfg,
 ) {
     if comptime![cfg.async_copy] {
-        copy_rows_async::<F, N>(k, src, k_s, KEY_BLOCK, cfg);
-    } else {
-        let keys = load_rows::<F, N>(k, src, KEY_BLOCK, true, cfg);
-        store_rows::<F, N>(&keys, k_s, KEY_BLOCK, cfg);
+        bars.index(slot).wait_parity(parity);
     }
 }
 
@@ -1291,26 +1291,29 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
     // Q, then K, share one buffer: the query's fragments live in registers after the start.
     let k_len = comptime![cfg.k_rows() * cfg.pitch() / cfg.vec];
     let v_len = comptime![KEY_BLOCK * cfg.pitch() / cfg.vec];
-    let mut k_s = SharedMemory::<Vector<F, N>>::new_aligned(k_len, 16usize);
-    let mut v_s = SharedMemory::<Vector<F, N>>::new_aligned(v_len, 16usize);
+    let mut st = KvStage::<F, N> {
+        k_s: SharedMemory::<Vector<F, N>>::new_aligned(k_len, 16usize),
+        v_s: SharedMemory::<Vector<F, N>>::new_aligned(v_len, 16usize),
+        // Initialized before `row_visibility`'s cube barrier.
+        bars: ring_barriers(comptime![if cfg.async_copy { 2usize } else { 0usize }]),
+    };
     let mut vis_s = SharedMemory::<u32>::new(comptime![cfg.rows()]);
     let mut park = SharedMemory::<f32>::new(comptime![if cfg.splits {
         cfg.parked() * cfg.threads()
     } else {
         1
     }]);
-    // With `cp.async`: barrier 0 completes a phase when K's copies of a block landed, 1 V's
-    // (initialized before `row_visibility`'s cube barrier).
-    let bars = ring_barriers(comptime![if cfg.async_copy { 2usize } else { 0usize }]);
     let (max_vis, warp_vis, warp_max) = row_visibility(&tile, &p, &mut vis_s, cfg);
     let (max_vis, warp_vis, warp_max) = (max_vis as usize, warp_vis as usize, warp_max as usize);
-    let qa = query_fragments::<F, N>(q, &tile, &p, &mut k_s, cfg);
-    let a = f32::abs(p.scale);
     let (row0, _) = warp_origin(cfg);
     let row = row0 + UNIT_POS_X as usize / 4;
-    let mut r0 = fresh_row(vis_s[row]);
-    let mut r1 = fresh_row(vis_s[row + 8]);
-    let mut o = zero_frags(comptime![cfg.cols() / 8]);
+    let mut w = WarpState::<F> {
+        qa: query_fragments::<F, N>(q, &tile, &p, &mut st.k_s, cfg),
+        a: f32::abs(p.scale),
+        o: zero_frags(comptime![cfg.cols() / 8]),
+        r0: fresh_row(vis_s[row]),
+        r1: fresh_row(vis_s[row + 8]),
+    };
     let (kb0, kb1, span) = walk_plan(&tile, max_vis.div_ceil(KEY_BLOCK), cfg);
     let mut steps = 0usize;
     if kb1 > kb0 {
@@ -1318,10 +1321,11 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
         // The first block's keys; the clamped loads need a row to copy (with no block `k_s`
         // is never read).
         let first = key_src(&tile, &p.k, kb0 * KEY_BLOCK, max_vis);
-        stage_keys::<F, N>(k, &first, &mut k_s, cfg);
-    }
-    if comptime![cfg.async_copy] {
-        arrive_on_copies(&bars, 0usize);
+        let keys = fetch_rows::<F, N>(k, &first, &mut st.k_s, &st.bars, 0usize, cfg);
+        store_fetched::<F, N>(&keys, &mut st.k_s, cfg);
+    } else if comptime![cfg.async_copy] {
+        // Phase 0 of the keys' barrier completes without copies (the exit waits for it).
+        arrive_on_copies(&st.bars, 0usize);
     }
     sync_cube();
     for step in 0..steps {
@@ -1334,43 +1338,35 @@ pub(crate) fn attention_tc_forward_kernel<F: Float, N: Size>(
             if comptime![cfg.async_copy] {
                 active = j0 < warp_max;
             }
-            let v_src = key_src(&tile, &p.v, j0, max_vis);
-            // The next block's keys (past the walk: copies of the last visible key, unused).
-            let k_src = key_src(&tile, &p.k, j0 + KEY_BLOCK, max_vis);
-            if comptime![cfg.async_copy] {
+            let blk = KeyBlock {
+                j0,
                 // Block `kb − kb0` is each barrier's phase of that index.
-                let parity = ((kb - kb0) % 2) as u32;
-                block_copied::<F, N>(
-                    k, v, &mut k_s, &mut v_s, &bars, &k_src, &v_src, parity, &qa, &mut o, &mut r0,
-                    &mut r1, j0, a, warp_vis, active, cfg,
-                );
-            } else {
-                block_staged::<F, N>(
-                    k, v, &mut k_s, &mut v_s, &k_src, &v_src, &qa, &mut o, &mut r0, &mut r1, j0, a,
-                    warp_vis, active, cfg,
-                );
-            }
+                parity: ((kb - kb0) % 2) as u32,
+                active,
+                masked: j0 + KEY_BLOCK > warp_vis,
+                values: key_src(&tile, &p.v, j0, max_vis),
+                // Past the walk: copies of the last visible key, unused.
+                next_keys: key_src(&tile, &p.k, j0 + KEY_BLOCK, max_vis),
+            };
+            key_block::<F, N>(k, v, &mut st, &blk, &mut w, cfg);
         }
         // (Only where `cfg.splits`: `span` is the whole walk otherwise.)
         if steps > 1 {
-            let s0 = step * KEY_SPLIT;
-            fold_split(s0, step == 0, &mut o, &mut r0, &mut r1, &mut park, cfg);
+            fold_split(step * KEY_SPLIT, step == 0, &mut w, &mut park, cfg);
         }
     }
     if steps > 1 {
-        unpark(&mut o, &mut r0, &mut r1, &park, cfg);
+        unpark(&mut w, &park, cfg);
     }
-    if comptime![cfg.async_copy] {
-        // The last keys' copies (phase `kb1 − kb0`) land before the cube exits.
-        bars.index(0usize).wait_parity(((kb1 - kb0) % 2) as u32);
-    }
+    // The last keys' copies (phase `kb1 − kb0`) land before the cube exits.
+    await_copies(&st.bars, 0usize, ((kb1 - kb0) % 2) as u32, cfg);
     if comptime![cfg.part] {
-        store_partial(ws, &o, &r0, &tile, &p, 0usize, cfg);
-        store_partial(ws, &o, &r1, &tile, &p, 1usize, cfg);
+        store_partial(ws, &w.o, &w.r0, &tile, &p, 0usize, cfg);
+        store_partial(ws, &w.o, &w.r1, &tile, &p, 1usize, cfg);
     } else {
-        store_row::<F>(out, &o, &r0, &tile, &p, 0usize, cfg);
-        store_row::<F>(out, &o, &r1, &tile, &p, 1usize, cfg);
-        store_lse(lse, &r0, &tile, &p, 0usize, cfg);
-        store_lse(lse, &r1, &tile, &p, 1usize, cfg);
+        store_row::<F>(out, &w.o, &w.r0, &tile, &p, 0usize, cfg);
+        store_row::<F>(out, &w.o, &w.r1, &tile, &p, 1usize, cfg);
+        store_lse(lse, &w.r0, &tile, &p, 0usize, cfg);
+        store_lse(lse, &w.r1, &tile, &p, 1usize, cfg);
     }
 }
