@@ -28,8 +28,9 @@ thread_local! {
 /// Test and perf hook: runs `f` with this thread's tensor-core forward copying K and V by
 /// `cp.async` where they travel as 16-byte vectors (and then in cubes of twelve warps where the
 /// device has room), instead of staging them through registers in cubes of four warps, so that
-/// tests and benchmarks can compare the two (the same bits). The copied path is off by default
-/// until it has run on a GPU. Other threads are unaffected; the previous setting is restored
+/// tests and benchmarks can compare the two (the same bits). The copied path is off by default:
+/// on an H100 its twelve-warp cubes are slower at Dh 64 and within 2 % at Dh 128
+/// (`benches/results/attention-h100.md`). Other threads are unaffected; the previous setting is restored
 /// when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_async_staging<T>(f: impl FnOnce() -> T) -> T {

@@ -10,7 +10,7 @@
 //! a block's values are loaded while its scores and softmax run, and the next block's keys while
 //! its `P·V` runs, so global loads overlap the MMAs (two cube barriers per block), through
 //! registers by default. With 16-byte vectors on a runtime with `cp.async`, where the host asks
-//! for it (`with_async_staging`, a test and benchmark switch until the path has run on a GPU), K
+//! for it (`with_async_staging`, a test and benchmark switch: not faster on an H100), K
 //! and V go straight to shared memory instead, each block's copies landing on a barrier phase
 //! ([`copy_rows_async`]). Without the staging registers the forward fits the 168 registers a
 //! 384-unit cube allows, so there cubes take [`TC_WIDE_WARPS`] warps (one cube of 12 warps per
