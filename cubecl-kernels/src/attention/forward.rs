@@ -30,8 +30,8 @@ thread_local! {
 /// device has room), instead of staging them through registers in cubes of four warps, so that
 /// tests and benchmarks can compare the two (the same bits). The copied path is off by default:
 /// on an H100 its twelve-warp cubes are slower at Dh 64 and within 2 % at Dh 128
-/// (`benches/results/attention-h100.md`). Other threads are unaffected; the previous setting is restored
-/// when `f` returns or unwinds.
+/// (`benches/results/attention-h100.md`). Other threads are unaffected; the previous setting is
+/// restored when `f` returns or unwinds.
 #[doc(hidden)]
 pub fn with_async_staging<T>(f: impl FnOnce() -> T) -> T {
     crate::util::with_thread_flag(&ASYNC_STAGING, f)
